@@ -1,0 +1,36 @@
+"""Fingerprint of the trajectory-relevant part of a config, and a diff naming what changed."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from truestep.config.load import to_dict
+from truestep.config.schema import TRAJECTORY_KEYS, TRAJECTORY_SECTIONS, JobConfig
+
+
+def trajectory_keys(cfg: JobConfig) -> dict[str, Any]:
+    """Flat {"section.key": value} of every key that shapes the trajectory."""
+    flat: dict[str, Any] = {}
+    for section, values in to_dict(cfg).items():
+        for key, value in values.items():
+            dotted = f"{section}.{key}"
+            if section in TRAJECTORY_SECTIONS or dotted in TRAJECTORY_KEYS:
+                flat[dotted] = value
+    return flat
+
+
+def fingerprint(keys: dict[str, Any]) -> str:
+    blob = json.dumps(keys, sort_keys=True, separators=(",", ":")).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def diff_keys(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """Human-readable differences, one per key, e.g. "model.dim: 256 -> 512"."""
+    out = []
+    for key in sorted(set(saved) | set(current)):
+        old, new = saved.get(key, "<absent>"), current.get(key, "<absent>")
+        if old != new:
+            out.append(f"{key}: {old!r} -> {new!r}")
+    return out

@@ -1,0 +1,140 @@
+"""Load a JobConfig from TOML plus `--section.key=value` overrides, with strict type checks."""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from truestep.config.schema import JobConfig
+
+
+class ConfigError(ValueError):
+    """A config problem the user can fix; the message says how."""
+
+
+PRESET_PACKAGE = "truestep.presets"
+
+
+def preset_names() -> list[str]:
+    files = resources.files(PRESET_PACKAGE).iterdir()
+    return sorted(f.name[: -len(".toml")] for f in files if f.name.endswith(".toml"))
+
+
+def read_toml(spec: str) -> tuple[dict[str, Any], str]:
+    """Read a config file path or a preset name; returns (table, source description)."""
+    path = Path(spec)
+    if path.is_file():
+        text, source = path.read_text(), str(path)
+    elif spec in preset_names():
+        text = resources.files(PRESET_PACKAGE).joinpath(f"{spec}.toml").read_text()
+        source = f"preset:{spec}"
+    else:
+        raise ConfigError(
+            f"config {spec!r} is neither a file nor a preset; presets: {', '.join(preset_names())}"
+        )
+    try:
+        return tomllib.loads(text), source
+    except tomllib.TOMLDecodeError as err:
+        raise ConfigError(f"{source}: invalid TOML: {err}") from err
+
+
+def _field_types(section_obj: Any) -> dict[str, type]:
+    return {f.name: type(getattr(section_obj, f.name)) for f in dataclasses.fields(section_obj)}
+
+
+def _coerce(value: Any, want: type, where: str) -> Any:
+    """Check a TOML value against the field's type; ints are accepted for floats, nothing else."""
+    is_number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if want is bool and isinstance(value, bool):
+        return value
+    if want is int and is_number and isinstance(value, int):
+        return value
+    if want is float and is_number:
+        return float(value)
+    if want is str and isinstance(value, str):
+        return value
+    raise ConfigError(f"{where}: expected {want.__name__}, got {type(value).__name__} {value!r}")
+
+
+def _parse_cli_value(text: str, want: type, where: str) -> Any:
+    if want is str:
+        return text
+    if want is bool:
+        lowered = text.lower()
+        if lowered in ("true", "1", "yes", "on"):
+            return True
+        if lowered in ("false", "0", "no", "off"):
+            return False
+        raise ConfigError(f"{where}: expected true/false, got {text!r}")
+    try:
+        return want(text)
+    except ValueError as err:
+        raise ConfigError(f"{where}: expected {want.__name__}, got {text!r}") from err
+
+
+def apply_table(cfg: JobConfig, table: dict[str, Any], source: str) -> None:
+    sections = {f.name for f in dataclasses.fields(cfg)}
+    for section, values in table.items():
+        if section not in sections:
+            raise ConfigError(f"{source}: unknown section [{section}]; known: {', '.join(sorted(sections))}")
+        if not isinstance(values, dict):
+            raise ConfigError(f"{source}: [{section}] must be a table")
+        obj = getattr(cfg, section)
+        types = _field_types(obj)
+        for key, value in values.items():
+            if key not in types:
+                raise ConfigError(f"{source}: unknown key {section}.{key}; known: {', '.join(sorted(types))}")
+            setattr(obj, key, _coerce(value, types[key], f"{source}: {section}.{key}"))
+
+
+def apply_overrides(cfg: JobConfig, overrides: list[str]) -> None:
+    """Apply `--section.key=value` (or `section.key=value`) strings."""
+    for raw in overrides:
+        item = raw[2:] if raw.startswith("--") else raw
+        if "=" not in item or "." not in item.split("=", 1)[0]:
+            raise ConfigError(f"override {raw!r} must look like --section.key=value")
+        dotted, text = item.split("=", 1)
+        section, key = dotted.split(".", 1)
+        if not hasattr(cfg, section) or not dataclasses.is_dataclass(getattr(cfg, section)):
+            raise ConfigError(f"override {raw!r}: unknown section {section!r}")
+        obj = getattr(cfg, section)
+        types = _field_types(obj)
+        if key not in types:
+            raise ConfigError(f"override {raw!r}: unknown key {dotted}; known: {', '.join(sorted(types))}")
+        setattr(obj, key, _parse_cli_value(text, types[key], f"override {dotted}"))
+
+
+def load_config(spec: str | None, overrides: list[str] | None = None) -> JobConfig:
+    """Defaults <- TOML file or preset (if given) <- overrides. Validates world-independent rules."""
+    from truestep.config.validate import validate
+
+    cfg = JobConfig()
+    if spec:
+        table, source = read_toml(spec)
+        apply_table(cfg, table, source)
+    apply_overrides(cfg, overrides or [])
+    validate(cfg)
+    return cfg
+
+
+def to_dict(cfg: JobConfig) -> dict[str, dict[str, Any]]:
+    return dataclasses.asdict(cfg)
+
+
+def to_toml(cfg: JobConfig) -> str:
+    lines: list[str] = []
+    for section, values in to_dict(cfg).items():
+        lines.append(f"[{section}]")
+        for key, value in values.items():
+            if isinstance(value, bool):
+                rendered = "true" if value else "false"
+            elif isinstance(value, str):
+                rendered = '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+            else:
+                rendered = repr(value)
+            lines.append(f"{key} = {rendered}")
+        lines.append("")
+    return "\n".join(lines)

@@ -1,0 +1,195 @@
+"""Typed job configuration.
+
+Every field carries a docstring (the string literal right after it); `truestep config --help-fields`
+and docs/config.md are generated from these, and a test checks that none is missing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class ModelConfig:
+    dim: int = 256
+    """Model (residual stream) width."""
+    n_layers: int = 4
+    """Number of transformer blocks."""
+    n_heads: int = 8
+    """Number of query heads; must divide `dim` and be divisible by `parallel.tp`."""
+    n_kv_heads: int = 0
+    """Number of key/value heads for grouped-query attention; 0 means equal to `n_heads`."""
+    vocab_size: int = 512
+    """Embedding rows; must be at least the tokenizer's vocabulary size."""
+    multiple_of: int = 256
+    """Llama rule: the SwiGLU hidden size is rounded up to a multiple of this."""
+    ffn_dim_multiplier: float = 0.0
+    """Llama rule: scale applied to the 8/3*dim hidden size before rounding; 0 means none."""
+    norm_eps: float = 1e-5
+    """RMSNorm epsilon."""
+    rope_theta: float = 500000.0
+    """RoPE base frequency."""
+    max_seq_len: int = 2048
+    """Longest sequence the RoPE tables are built for; `data.seq_len` must not exceed it."""
+    tie_embeddings: bool = False
+    """Share the input embedding with the output projection (Llama 3 unties them)."""
+    dropout: float = 0.0
+    """Residual dropout after attention and MLP (Llama uses 0). Non-zero makes the RNG streams shape
+    the trajectory, which is what the RNG-restore ablation needs."""
+    init_std: float = 0.02
+    """Standard deviation of the normal init; output projections use init_std/sqrt(2*n_layers)."""
+
+
+@dataclass
+class ParallelConfig:
+    tp: int = 1
+    """Tensor-parallel degree (innermost mesh dim). Must divide the world size, n_heads and n_kv_heads."""
+    dp_shard: int = -1
+    """FSDP2 data-parallel degree; -1 means world_size / tp."""
+    backend: str = "auto"
+    """Process-group backend: auto (gloo on CPU, nccl on CUDA), gloo or nccl."""
+    device: str = "auto"
+    """Compute device: auto (cuda if available), cpu or cuda."""
+    mixed_precision: bool = True
+    """bf16 parameters with fp32 gradient reduction on CUDA. Ignored on CPU, which always runs fp32."""
+    num_threads: int = 1
+    """CPU threads per process. Part of the numerics on CPU: keep it the same across resumes."""
+    init_timeout_s: float = 600.0
+    """Collective timeout during start-up, restore and the first step (seconds)."""
+
+
+@dataclass
+class DataConfig:
+    path: str = ""
+    """Directory written by `truestep prepare-data`; empty means the built-in demo corpus."""
+    seq_len: int = 256
+    """Tokens per training sample."""
+    data_seed: int = 1234
+    """Seed of the global sample order; the order is a pure function of (data_seed, step)."""
+
+
+@dataclass
+class TrainConfig:
+    seed: int = 0
+    """Seed for parameter init and the per-rank RNG streams."""
+    max_steps: int = 100
+    """Optimizer steps to train for."""
+    global_batch_size: int = 8
+    """Samples per optimizer step across all data-parallel ranks."""
+    micro_batch_size: int = 0
+    """Samples per forward/backward on one data-parallel rank; 0 means global_batch_size / dp
+    (no accumulation). global_batch_size must be a multiple of micro_batch_size * dp."""
+    grad_clip: float = 1.0
+    """Clip the global gradient norm to this value; 0 disables clipping."""
+    stop_at_step: int = 0
+    """Stop cleanly (with a checkpoint) once this step is done, as a planned interruption; 0 = run to
+    max_steps. Not part of the trajectory: the resumed run continues to max_steps."""
+    deterministic: bool = True
+    """Call torch.use_deterministic_algorithms(True) (needed for bitwise-reproducible CUDA runs)."""
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 3e-4
+    """Peak learning rate."""
+    beta1: float = 0.9
+    """AdamW beta1."""
+    beta2: float = 0.95
+    """AdamW beta2."""
+    eps: float = 1e-8
+    """AdamW epsilon."""
+    weight_decay: float = 0.1
+    """AdamW decoupled weight decay."""
+
+
+@dataclass
+class ScheduleConfig:
+    kind: str = "cosine"
+    """Learning-rate schedule after warmup: cosine, constant or wsd (warmup-stable-decay)."""
+    warmup_steps: int = 10
+    """Linear warmup steps from lr/warmup_steps to lr."""
+    min_lr_ratio: float = 0.1
+    """Final learning rate as a fraction of the peak (cosine and wsd)."""
+    decay_steps: int = 0
+    """wsd only: length of the final linear decay; 0 means 20% of max_steps."""
+
+
+@dataclass
+class CheckpointConfig:
+    dir: str = ""
+    """Checkpoint directory; empty means <run.dir>/checkpoints."""
+    interval: int = 0
+    """Save every this many steps; 0 saves only at the end and on emergencies."""
+    async_save: bool = True
+    """Overlap writing with training (dcp.async_save on its own gloo group); false blocks until written."""
+    keep_last_n: int = 3
+    """Committed checkpoints to keep; never removes the newest verified one or one being written. 0 keeps all."""
+    verify_checksums: bool = True
+    """Verify SHA-256 of every file on resume (sizes are always checked). Turn off for huge checkpoints."""
+    resume: bool = True
+    """Resume from the newest verified checkpoint when one exists."""
+    allow_fresh_start: bool = False
+    """Start from step 0 even though checkpoints exist but none verifies (otherwise: error)."""
+    allow_config_change: bool = False
+    """Resume although trajectory-relevant config keys differ from the checkpoint's."""
+    init_from: str = ""
+    """Initial weights (a truestep checkpoint directory) for a fresh run; ignored when resuming."""
+    restore_optimizer_state: bool = True
+    """Ablation switch: restore AdamW moments. Off = fresh optimizer state on resume."""
+    restore_rng_state: bool = True
+    """Ablation switch: restore every rank's RNG streams. Off = re-seed as at a fresh start."""
+    restore_data_position: bool = True
+    """Ablation switch: restore the sampler position. Off = the data order restarts at batch 0."""
+    atomic_commit: bool = True
+    """Ablation switch: the manifest + commit-marker protocol. Off = "directory exists means complete"."""
+
+
+@dataclass
+class MetricsConfig:
+    log_every: int = 1
+    """Console progress update interval in steps (metrics.jsonl always gets every step)."""
+    progress: bool = True
+    """Show a progress bar on the console (rank 0)."""
+    tensorboard: bool = False
+    """Also write the step scalars as TensorBoard event files under <run.dir>/tb."""
+
+
+@dataclass
+class RunConfig:
+    dir: str = "runs/default"
+    """Run directory: metrics.jsonl, events.jsonl, checkpoints."""
+    name: str = ""
+    """Free-form run name recorded in the events log."""
+
+
+@dataclass
+class JobConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    """Model shape."""
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    """Mesh, backend, device."""
+    data: DataConfig = field(default_factory=DataConfig)
+    """Training data."""
+    train: TrainConfig = field(default_factory=TrainConfig)
+    """Steps, batch, seed."""
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    """AdamW hyperparameters."""
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    """Learning-rate schedule."""
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    """Checkpointing and resume (with the ablation switches)."""
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    """Logging."""
+    run: RunConfig = field(default_factory=RunConfig)
+    """Run directory and name."""
+
+
+# Keys whose change alters the trajectory; resume refuses a mismatch unless allowed.
+# Layout (parallel.*) is deliberately absent: resharded resume is supported.
+TRAJECTORY_SECTIONS = ("model", "data", "optim", "schedule")
+TRAJECTORY_KEYS = (
+    "train.seed",
+    "train.max_steps",
+    "train.global_batch_size",
+    "train.grad_clip",
+)

@@ -1,0 +1,109 @@
+"""Config validation: every rule names the keys involved and how to fix them.
+
+`validate` checks what does not depend on the world size; `validate_layout` checks the mesh against
+the world size, and runs before any process-group work.
+"""
+
+from __future__ import annotations
+
+from truestep.config.load import ConfigError
+from truestep.config.schema import JobConfig
+
+
+def _require(ok: bool, message: str) -> None:
+    if not ok:
+        raise ConfigError(message)
+
+
+def validate(cfg: JobConfig) -> None:
+    m, p, d, t, o, s, c = (
+        cfg.model,
+        cfg.parallel,
+        cfg.data,
+        cfg.train,
+        cfg.optim,
+        cfg.schedule,
+        cfg.checkpoint,
+    )
+    for name, value in (
+        ("model.dim", m.dim),
+        ("model.n_layers", m.n_layers),
+        ("model.n_heads", m.n_heads),
+        ("model.vocab_size", m.vocab_size),
+        ("model.multiple_of", m.multiple_of),
+        ("model.max_seq_len", m.max_seq_len),
+        ("data.seq_len", d.seq_len),
+        ("train.max_steps", t.max_steps),
+        ("train.global_batch_size", t.global_batch_size),
+        ("parallel.tp", p.tp),
+        ("parallel.num_threads", p.num_threads),
+    ):
+        _require(value > 0, f"{name} must be positive, got {value}")
+    _require(m.dim % m.n_heads == 0, f"model.dim={m.dim} must be divisible by model.n_heads={m.n_heads}")
+    kv = m.n_kv_heads or m.n_heads
+    _require(
+        m.n_kv_heads >= 0 and m.n_heads % kv == 0,
+        f"model.n_heads={m.n_heads} must be a multiple of model.n_kv_heads={kv}",
+    )
+    _require((m.dim // m.n_heads) % 2 == 0, "model.dim / model.n_heads (head dim) must be even for RoPE")
+    _require(0.0 <= m.dropout < 1.0, f"model.dropout must be in [0, 1), got {m.dropout}")
+    _require(m.norm_eps > 0 and m.init_std > 0, "model.norm_eps and model.init_std must be positive")
+    _require(
+        d.seq_len <= m.max_seq_len,
+        f"data.seq_len={d.seq_len} exceeds model.max_seq_len={m.max_seq_len}; raise max_seq_len",
+    )
+    _require(
+        p.dp_shard == -1 or p.dp_shard > 0, f"parallel.dp_shard must be -1 or positive, got {p.dp_shard}"
+    )
+    _require(
+        p.backend in ("auto", "gloo", "nccl"), f"parallel.backend must be auto|gloo|nccl, got {p.backend!r}"
+    )
+    _require(p.device in ("auto", "cpu", "cuda"), f"parallel.device must be auto|cpu|cuda, got {p.device!r}")
+    _require(
+        m.n_heads % p.tp == 0 and kv % p.tp == 0,
+        f"parallel.tp={p.tp} must divide model.n_heads={m.n_heads} and model.n_kv_heads={kv}",
+    )
+    _require(
+        m.vocab_size % p.tp == 0,
+        f"parallel.tp={p.tp} must divide model.vocab_size={m.vocab_size} (embedding and output are sharded)",
+    )
+    _require(t.micro_batch_size >= 0, "train.micro_batch_size must be >= 0 (0 = no accumulation)")
+    _require(t.grad_clip >= 0, "train.grad_clip must be >= 0 (0 disables clipping)")
+    _require(o.lr > 0 and o.eps > 0, "optim.lr and optim.eps must be positive")
+    _require(0 <= o.beta1 < 1 and 0 <= o.beta2 < 1, "optim.beta1 and optim.beta2 must be in [0, 1)")
+    _require(o.weight_decay >= 0, "optim.weight_decay must be >= 0")
+    _require(
+        s.kind in ("cosine", "constant", "wsd"), f"schedule.kind must be cosine|constant|wsd, got {s.kind!r}"
+    )
+    _require(s.warmup_steps >= 0, "schedule.warmup_steps must be >= 0")
+    _require(0.0 <= s.min_lr_ratio <= 1.0, "schedule.min_lr_ratio must be in [0, 1]")
+    _require(s.decay_steps >= 0, "schedule.decay_steps must be >= 0")
+    _require(
+        s.warmup_steps + (s.decay_steps if s.kind == "wsd" else 0) <= t.max_steps,
+        f"schedule.warmup_steps (+ decay_steps for wsd) must fit in train.max_steps={t.max_steps}",
+    )
+    _require(c.interval >= 0, "checkpoint.interval must be >= 0 (0 = only final/emergency saves)")
+    _require(c.keep_last_n >= 0, "checkpoint.keep_last_n must be >= 0 (0 keeps all)")
+
+
+def validate_layout(cfg: JobConfig, world_size: int) -> tuple[int, int]:
+    """Return (dp, tp) for this world size or raise a ConfigError saying what to change."""
+    tp = cfg.parallel.tp
+    _require(
+        world_size % tp == 0,
+        f"world size {world_size} is not divisible by parallel.tp={tp}; "
+        f"launch a multiple of {tp} processes or change parallel.tp",
+    )
+    dp = cfg.parallel.dp_shard if cfg.parallel.dp_shard != -1 else world_size // tp
+    _require(
+        dp * tp == world_size,
+        f"parallel.dp_shard={dp} x parallel.tp={tp} = {dp * tp} != world size {world_size}; "
+        "set parallel.dp_shard=-1 to infer it",
+    )
+    micro = cfg.train.micro_batch_size or cfg.train.global_batch_size // dp
+    gbs = cfg.train.global_batch_size
+    _require(
+        micro > 0 and gbs % (micro * dp) == 0,
+        f"train.global_batch_size={gbs} must be a multiple of micro_batch_size ({micro}) x dp ({dp})",
+    )
+    return dp, tp

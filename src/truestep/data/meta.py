@@ -1,0 +1,137 @@
+"""The on-disk format of a prepared data directory: `meta.json` plus `.npy` token shards.
+
+meta.json is written last, so its presence marks a complete directory; everything a reader needs
+(dtype, token counts, EOS id, shard hashes) is recorded there and cross-checked against the shards.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from truestep.data.errors import DataError
+
+FORMAT = "truestep-tokens"
+VERSION = 1
+META_NAME = "meta.json"
+SHARD_RE = re.compile(r"shard_\d{5}\.npy")
+ALLOWED_DTYPES = ("uint16", "uint32")
+
+
+def shard_name(index: int) -> str:
+    """File name of shard `index` (zero-padded so a plain sort matches stream order)."""
+    return f"shard_{index:05d}.npy"
+
+
+def dtype_for_vocab(vocab_size: int) -> np.dtype:
+    """Smallest supported unsigned dtype that holds every id of a `vocab_size` vocabulary."""
+    if vocab_size <= 0:
+        raise DataError(f"vocab_size must be positive, got {vocab_size}")
+    if vocab_size <= 65535:
+        return np.dtype(np.uint16)
+    if vocab_size <= 2**32 - 1:
+        return np.dtype(np.uint32)
+    raise DataError(f"vocab_size {vocab_size} does not fit in uint32 token ids")
+
+
+def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
+    """Hex sha256 of a file's bytes (the whole .npy file, header included)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _require_int(meta: dict[str, Any], key: str, where: str, minimum: int = 0) -> int:
+    value = meta.get(key)
+    # bool is an int subclass; a `true` in JSON is never a valid count.
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise DataError(f"{where}: field {key!r} must be an integer >= {minimum}, got {value!r}")
+    return value
+
+
+def read_meta(data_dir: Path) -> dict[str, Any]:
+    """Load and structurally validate `data_dir/meta.json` (shards are not opened here)."""
+    path = Path(data_dir) / META_NAME
+    if not path.is_file():
+        raise DataError(
+            f"{data_dir} is not a prepared data directory: {META_NAME} is missing "
+            "(create one with `truestep prepare-data`)"
+        )
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise DataError(f"cannot read {path}: {e}") from e
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        got = meta.get("format") if isinstance(meta, dict) else type(meta).__name__
+        raise DataError(f"{path}: format is {got!r}, expected {FORMAT!r}")
+    if meta.get("version") != VERSION:
+        raise DataError(
+            f"{path}: unsupported version {meta.get('version')!r} (this truestep reads {VERSION})"
+        )
+    if meta.get("dtype") not in ALLOWED_DTYPES:
+        raise DataError(f"{path}: dtype {meta.get('dtype')!r} is not one of {ALLOWED_DTYPES}")
+    vocab_size = _require_int(meta, "vocab_size", str(path), minimum=1)
+    eos_id = _require_int(meta, "eos_id", str(path))
+    if eos_id >= vocab_size:
+        raise DataError(f"{path}: eos_id {eos_id} is outside vocab_size {vocab_size}")
+    if np.dtype(meta["dtype"]) != dtype_for_vocab(vocab_size):
+        raise DataError(f"{path}: dtype {meta['dtype']} does not match vocab_size {vocab_size}")
+    num_tokens = _require_int(meta, "num_tokens", str(path))
+    shards = meta.get("shards")
+    if not isinstance(shards, list) or not shards:
+        raise DataError(f"{path}: 'shards' must be a non-empty list")
+    total = 0
+    for i, entry in enumerate(shards):
+        where = f"{path}: shards[{i}]"
+        if not isinstance(entry, dict):
+            raise DataError(f"{where} must be an object")
+        name = entry.get("file")
+        # Only bare shard names: a crafted meta.json must not point the reader outside the directory.
+        if not isinstance(name, str) or not SHARD_RE.fullmatch(name):
+            raise DataError(f"{where}: file {name!r} is not a shard_NNNNN.npy name")
+        total += _require_int(entry, "num_tokens", where, minimum=1)
+        if not isinstance(entry.get("sha256"), str):
+            raise DataError(f"{where}: missing sha256")
+    if total != num_tokens:
+        raise DataError(f"{path}: shards hold {total} tokens but num_tokens says {num_tokens}")
+    return meta
+
+
+def open_shard(data_dir: Path, entry: dict[str, Any], dtype: str) -> np.ndarray:
+    """Memory-map one shard and check it against its meta entry (dtype, rank, length)."""
+    path = Path(data_dir) / entry["file"]
+    if not path.is_file():
+        raise DataError(f"shard {path} listed in {META_NAME} is missing")
+    try:
+        # allow_pickle=False: a data directory may come from anywhere and must never run code.
+        arr = np.load(path, mmap_mode="r", allow_pickle=False)
+    except (OSError, ValueError) as e:
+        raise DataError(f"cannot read shard {path}: {e}") from e
+    if arr.dtype != np.dtype(dtype):
+        raise DataError(f"shard {path} has dtype {arr.dtype}, but {META_NAME} says {dtype}")
+    if arr.ndim != 1:
+        raise DataError(f"shard {path} has shape {arr.shape}, expected a 1-D token array")
+    if arr.shape[0] != entry["num_tokens"]:
+        raise DataError(
+            f"shard {path} holds {arr.shape[0]} tokens, but {META_NAME} says {entry['num_tokens']}"
+        )
+    return arr
+
+
+def verify_data_dir(data_dir: Path, check_hashes: bool = True) -> dict[str, Any]:
+    """Validate meta.json and every shard (and, optionally, their sha256); return the meta."""
+    meta = read_meta(data_dir)
+    for entry in meta["shards"]:
+        open_shard(data_dir, entry, meta["dtype"])
+        if check_hashes:
+            digest = sha256_file(Path(data_dir) / entry["file"])
+            if digest != entry["sha256"]:
+                raise DataError(f"shard {Path(data_dir) / entry['file']} fails its sha256 check")
+    return meta

@@ -1,0 +1,109 @@
+"""Tokenizers: the built-in byte tokenizer and a thin wrapper around a HF `tokenizer.json`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+from truestep.data.errors import DataError
+
+# Names tried, in order, when a HF tokenizer is loaded without an explicit --eos-token. They cover
+# Llama 3, Llama 2 / Mistral / T5, GPT-2 / NeoX and Gemma style vocabularies.
+COMMON_EOS_TOKENS: tuple[str, ...] = ("<|end_of_text|>", "</s>", "<|endoftext|>", "<eos>")
+
+
+class Tokenizer(Protocol):
+    """What `prepare_data` needs from a tokenizer."""
+
+    name: str
+    vocab_size: int
+    eos_id: int
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def encode_array(self, text: str) -> np.ndarray: ...
+
+
+class ByteTokenizer:
+    """Token = UTF-8 byte value (0..255); EOS is the extra id 256.
+
+    It needs no files and no downloads, so the demo corpus and the tests work on every machine.
+    """
+
+    name = "byte"
+    eos_id = 256
+    vocab_size = 257
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of `text` (no EOS appended)."""
+        return list(text.encode("utf-8"))
+
+    def encode_array(self, text: str) -> np.ndarray:
+        """Same ids as `encode`, as a numpy array; avoids a Python int per byte on big files."""
+        return np.frombuffer(text.encode("utf-8"), dtype=np.uint8)
+
+    def decode(self, ids: list[int] | np.ndarray) -> str:
+        """Inverse of `encode`; EOS ids are dropped and invalid UTF-8 is replaced, not raised."""
+        return bytes(int(i) for i in ids if int(i) < 256).decode("utf-8", errors="replace")
+
+
+class HFTokenizer:
+    """A Hugging Face `tokenizers` tokenizer loaded from a `tokenizer.json` file."""
+
+    def __init__(self, path: str | Path, eos_token: str | None = None) -> None:
+        self.path = Path(path)
+        try:
+            # Imported lazily: `tokenizers` is an optional dependency and the byte path must not need it.
+            import tokenizers
+        except ImportError as e:
+            raise DataError(
+                "loading a tokenizer.json needs the `tokenizers` package: pip install tokenizers"
+            ) from e
+        if not self.path.is_file():
+            raise DataError(f"tokenizer file not found: {self.path}")
+        try:
+            self._tok: Any = tokenizers.Tokenizer.from_file(str(self.path))
+        except Exception as e:  # the Rust side raises plain Exception subclasses
+            raise DataError(f"cannot load tokenizer {self.path}: {e}") from e
+        self.name = str(path)
+        self.vocab_size: int = int(self._tok.get_vocab_size())
+        self.eos_id: int = self._find_eos(eos_token)
+
+    def _find_eos(self, eos_token: str | None) -> int:
+        if eos_token is not None:
+            eos_id = self._tok.token_to_id(eos_token)
+            if eos_id is None:
+                raise DataError(f"EOS token {eos_token!r} is not in the vocabulary of {self.path}")
+            return int(eos_id)
+        for candidate in COMMON_EOS_TOKENS:
+            eos_id = self._tok.token_to_id(candidate)
+            if eos_id is not None:
+                return int(eos_id)
+        raise DataError(
+            f"could not find an end-of-text token in {self.path} (tried {', '.join(COMMON_EOS_TOKENS)}); "
+            "name it with --eos-token"
+        )
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of `text`.
+
+        add_special_tokens=False: post-processors such as Llama's would insert a BOS per call, and
+        document boundaries are marked by the EOS that `prepare_data` appends instead.
+        """
+        return list(self._tok.encode(text, add_special_tokens=False).ids)
+
+    def encode_array(self, text: str) -> np.ndarray:
+        """Same ids as `encode`, as an int64 numpy array."""
+        return np.asarray(self.encode(text), dtype=np.int64)
+
+
+def load_tokenizer(spec: str, eos_token: str | None = None) -> ByteTokenizer | HFTokenizer:
+    """Return the tokenizer named by `spec`: "byte" or a path to a HF tokenizer.json."""
+    if spec == "byte":
+        if eos_token is not None:
+            # The byte tokenizer's EOS is fixed; silently ignoring the flag would hide a mistake.
+            raise DataError("--eos-token only applies to a tokenizer.json, not to the byte tokenizer")
+        return ByteTokenizer()
+    return HFTokenizer(spec, eos_token=eos_token)

@@ -1,0 +1,125 @@
+"""Process group and device-mesh set-up, backend choice, and clean teardown.
+
+A run without torchrun-style environment variables is a single process with no process group at all.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+from truestep.config.schema import JobConfig
+from truestep.config.validate import validate_layout
+
+
+@dataclass
+class DistContext:
+    """Who this process is and which groups it talks through."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    dp: int = 1
+    tp: int = 1
+    dp_rank: int = 0
+    tp_rank: int = 0
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    backend: str = "none"
+    mesh: DeviceMesh | None = None
+
+    @property
+    def distributed(self) -> bool:
+        return self.mesh is not None
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def dp_group(self) -> dist.ProcessGroup | None:
+        return self.mesh["dp"].get_group() if self.mesh is not None else None
+
+    def layout(self) -> dict[str, int | str]:
+        return {"world_size": self.world_size, "dp": self.dp, "tp": self.tp, "backend": self.backend}
+
+    def barrier(self) -> None:
+        if self.distributed:
+            dist.barrier()
+
+
+def world_from_env() -> tuple[int, int, int]:
+    """(rank, world_size, local_rank) from torchrun/SLURM-style environment, defaulting to one process."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    local = int(os.environ.get("LOCAL_RANK", str(rank)))
+    return rank, world, local
+
+
+def pick_device(cfg: JobConfig, local_rank: int) -> torch.device:
+    want = cfg.parallel.device
+    if want == "auto":
+        want = "cuda" if torch.cuda.is_available() else "cpu"
+    if want == "cuda":
+        if not torch.cuda.is_available():
+            raise RuntimeError("parallel.device=cuda but CUDA is not available; use parallel.device=cpu")
+        torch.cuda.set_device(local_rank)
+        return torch.device("cuda", local_rank)
+    return torch.device("cpu")
+
+
+def pick_backend(cfg: JobConfig, device: torch.device) -> str:
+    if cfg.parallel.backend != "auto":
+        if cfg.parallel.backend == "nccl" and device.type != "cuda":
+            raise RuntimeError("parallel.backend=nccl needs parallel.device=cuda; use gloo on CPU")
+        return cfg.parallel.backend
+    return "nccl" if device.type == "cuda" else "gloo"
+
+
+def init_distributed(cfg: JobConfig) -> DistContext:
+    """Validate the layout against the world size first, then (if world > 1) build the 2-D mesh."""
+    rank, world, local = world_from_env()
+    dp, tp = validate_layout(cfg, world)
+    torch.set_num_threads(cfg.parallel.num_threads)
+    device = pick_device(cfg, local)
+    if world == 1:
+        return DistContext(device=device)
+    backend = pick_backend(cfg, device)
+    dist.init_process_group(
+        backend=backend,
+        timeout=timedelta(seconds=cfg.parallel.init_timeout_s),
+        device_id=device if device.type == "cuda" else None,
+    )
+    mesh = init_device_mesh(device.type, (dp, tp), mesh_dim_names=("dp", "tp"))
+    return DistContext(
+        rank=rank,
+        world_size=world,
+        local_rank=local,
+        dp=dp,
+        tp=tp,
+        dp_rank=mesh["dp"].get_local_rank(),
+        tp_rank=mesh["tp"].get_local_rank(),
+        device=device,
+        backend=backend,
+        mesh=mesh,
+    )
+
+
+def shutdown(ctx: DistContext, exit_code: int = 0) -> None:
+    """Leave cleanly. Under gloo a normal interpreter exit sometimes aborts in a destructor after
+    training finished, so distributed runs barrier, destroy the group and `os._exit` directly."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if not ctx.distributed:
+        return
+    try:
+        dist.barrier()
+        dist.destroy_process_group()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(exit_code)

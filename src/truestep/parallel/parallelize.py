@@ -1,0 +1,71 @@
+"""The one place that turns a plain Transformer into a TP x FSDP2 model on the 2-D mesh.
+
+Order matters: tensor parallelism first (on the "tp" mesh dim), then FSDP2 `fully_shard` per block and
+on the root (on the "dp" dim). Without sequence parallelism, activations between blocks are replicated
+across TP ranks, so norms stay plain (FSDP-only) parameters.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+from torch import nn
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import Replicate
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+from truestep.config.schema import JobConfig
+from truestep.model.llama import Transformer
+from truestep.parallel.dist import DistContext
+
+
+def apply_tp(model: Transformer, ctx: DistContext) -> None:
+    assert ctx.mesh is not None
+    tp_mesh = ctx.mesh["tp"]
+    parallelize_module(
+        model,
+        tp_mesh,
+        {
+            "tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate()),
+            "output": ColwiseParallel(output_layouts=Replicate(), use_local_output=True),
+        },
+    )
+    block_plan = {
+        "attention.wq": ColwiseParallel(),
+        "attention.wk": ColwiseParallel(),
+        "attention.wv": ColwiseParallel(),
+        "attention.wo": RowwiseParallel(),
+        "feed_forward.w1": ColwiseParallel(),
+        "feed_forward.w3": ColwiseParallel(),
+        "feed_forward.w2": RowwiseParallel(),
+    }
+    for block in model.layers.values():
+        parallelize_module(block, tp_mesh, block_plan)
+
+
+def apply_fsdp(model: Transformer, ctx: DistContext, cfg: JobConfig) -> None:
+    assert ctx.mesh is not None
+    kwargs: dict = {"mesh": ctx.mesh["dp"]}
+    if ctx.device.type == "cuda" and cfg.parallel.mixed_precision:
+        kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    for block in model.layers.values():
+        fully_shard(block, **kwargs)
+    fully_shard(model, **kwargs)
+
+
+# FSDP2 warns when the root returns a view (TP's local logits are one): in-place ops on it would skip
+# a hook. The loss is computed out of place, so the warning is noise here.
+warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor")
+
+
+def parallelize(model: Transformer, ctx: DistContext, cfg: JobConfig) -> nn.Module:
+    """Apply TP then FSDP2 as the layout asks; a single process just moves the model to its device."""
+    model.to(ctx.device)
+    if not ctx.distributed:
+        return model
+    if ctx.tp > 1:
+        apply_tp(model, ctx)
+    if ctx.dp > 1:
+        apply_fsdp(model, ctx, cfg)
+    return model

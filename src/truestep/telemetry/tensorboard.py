@@ -1,0 +1,24 @@
+"""Optional TensorBoard output of the same scalars as metrics.jsonl."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+class TensorBoardWriter:
+    def __init__(self, log_dir: Path) -> None:
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError as err:  # tensorboard is an optional extra
+            raise RuntimeError(
+                "metrics.tensorboard=true needs the tensorboard package: pip install tensorboard"
+            ) from err
+        self.writer = SummaryWriter(log_dir=str(log_dir))
+
+    def scalars(self, step: int, fields: dict[str, float]) -> None:
+        for key, value in fields.items():
+            if key != "step":
+                self.writer.add_scalar(f"train/{key}", value, step)
+
+    def close(self) -> None:
+        self.writer.close()

@@ -1,0 +1,1 @@
+"""The step (forward/backward/clip/optimizer/schedule) and the short loop that calls the hooks."""
