@@ -13,6 +13,7 @@ commands:
   train [CONFIG] [--section.key=value ...]   train or resume (CONFIG: TOML file or preset; default tiny)
   prepare-data FILES... --out DIR            tokenize text files into token shards
   config [CONFIG] [--section.key=value ...]  print the resolved config as TOML
+  config --reference                         print the config reference (docs/config.md)
   presets                                    list the built-in presets
 """
 
@@ -20,6 +21,11 @@ commands:
 def _config_main(argv: list[str]) -> int:
     from truestep.config.load import load_config, to_toml
 
+    if argv == ["--reference"]:
+        from truestep.config.reference import markdown
+
+        print(markdown(), end="")
+        return 0
     spec = argv[0] if argv and not argv[0].startswith("--") else None
     overrides = argv[1:] if spec else argv
     print(to_toml(load_config(spec, overrides)), end="")

@@ -27,7 +27,7 @@ def read_toml(spec: str) -> tuple[dict[str, Any], str]:
     """Read a config file path or a preset name; returns (table, source description)."""
     path = Path(spec)
     if path.is_file():
-        text, source = path.read_text(), str(path)
+        text, source = path.read_text(encoding="utf-8"), str(path)
     elif spec in preset_names():
         text = resources.files(PRESET_PACKAGE).joinpath(f"{spec}.toml").read_text()
         source = f"preset:{spec}"
@@ -99,7 +99,8 @@ def apply_overrides(cfg: JobConfig, overrides: list[str]) -> None:
         dotted, text = item.split("=", 1)
         section, key = dotted.split(".", 1)
         if not hasattr(cfg, section) or not dataclasses.is_dataclass(getattr(cfg, section)):
-            raise ConfigError(f"override {raw!r}: unknown section {section!r}")
+            known = ", ".join(sorted(f.name for f in dataclasses.fields(cfg)))
+            raise ConfigError(f"override {raw!r}: unknown section {section!r}; known: {known}")
         obj = getattr(cfg, section)
         types = _field_types(obj)
         if key not in types:
@@ -124,6 +125,21 @@ def to_dict(cfg: JobConfig) -> dict[str, dict[str, Any]]:
     return dataclasses.asdict(cfg)
 
 
+_TOML_ESCAPES = {"\\": "\\\\", '"': '\\"', "\b": "\\b", "\t": "\\t", "\n": "\\n", "\f": "\\f", "\r": "\\r"}
+
+
+def _toml_string(value: str) -> str:
+    out = []
+    for ch in value:
+        if ch in _TOML_ESCAPES:
+            out.append(_TOML_ESCAPES[ch])
+        elif ord(ch) < 0x20 or ord(ch) == 0x7F:
+            out.append(f"\\u{ord(ch):04X}")
+        else:
+            out.append(ch)
+    return '"' + "".join(out) + '"'
+
+
 def to_toml(cfg: JobConfig) -> str:
     lines: list[str] = []
     for section, values in to_dict(cfg).items():
@@ -132,7 +148,7 @@ def to_toml(cfg: JobConfig) -> str:
             if isinstance(value, bool):
                 rendered = "true" if value else "false"
             elif isinstance(value, str):
-                rendered = '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+                rendered = _toml_string(value)
             else:
                 rendered = repr(value)
             lines.append(f"{key} = {rendered}")

@@ -51,7 +51,8 @@ class ParallelConfig:
     device: str = "auto"
     """Compute device: auto (cuda if available), cpu or cuda."""
     mixed_precision: bool = True
-    """bf16 parameters with fp32 gradient reduction on CUDA. Ignored on CPU, which always runs fp32."""
+    """bf16 parameters with fp32 gradient reduction on CUDA, applied through FSDP2 (so only when dp > 1).
+    Ignored on CPU, which always runs fp32."""
     num_threads: int = 1
     """CPU threads per process. Part of the numerics on CPU: keep it the same across resumes."""
     init_timeout_s: float = 600.0

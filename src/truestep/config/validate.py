@@ -78,9 +78,11 @@ def validate(cfg: JobConfig) -> None:
     _require(s.warmup_steps >= 0, "schedule.warmup_steps must be >= 0")
     _require(0.0 <= s.min_lr_ratio <= 1.0, "schedule.min_lr_ratio must be in [0, 1]")
     _require(s.decay_steps >= 0, "schedule.decay_steps must be >= 0")
+    decay = (s.decay_steps or max(1, t.max_steps // 5)) if s.kind == "wsd" else 0
     _require(
-        s.warmup_steps + (s.decay_steps if s.kind == "wsd" else 0) <= t.max_steps,
-        f"schedule.warmup_steps (+ decay_steps for wsd) must fit in train.max_steps={t.max_steps}",
+        s.warmup_steps + decay <= t.max_steps,
+        f"schedule.warmup_steps={s.warmup_steps} (+ {decay} decay steps for wsd; decay_steps=0 means "
+        f"20% of max_steps) must fit in train.max_steps={t.max_steps}",
     )
     _require(c.interval >= 0, "checkpoint.interval must be >= 0 (0 = only final/emergency saves)")
     _require(c.keep_last_n >= 0, "checkpoint.keep_last_n must be >= 0 (0 keeps all)")

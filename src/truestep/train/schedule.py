@@ -18,7 +18,7 @@ def lr_at(step: int, cfg: JobConfig) -> float:
     if sched.kind == "constant":
         return peak
     if sched.kind == "cosine":
-        span = max(1, total - sched.warmup_steps)
+        span = max(1, total - sched.warmup_steps - 1)  # the last step (total-1) lands on the floor
         progress = min(1.0, (step - sched.warmup_steps) / span)
         return floor + (peak - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
     # wsd: hold the peak, then decay linearly to the floor over the last decay_steps.

@@ -1,0 +1,43 @@
+# The two commands a newcomer needs (see README.md):
+#   make demo   - set up .venv on a fresh machine and run the main job on the built-in default
+#   make test   - set up .venv and run lint + the whole test suite
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.truestep-setup
+NPROC ?= 2
+
+.PHONY: setup demo test lint format bench clean
+
+setup: $(STAMP)
+
+# torch==2.13.0 is the CPU wheel on CPU machines; GPU users install their own torch into .venv first
+# and this step keeps it (it only installs torch when none is importable).
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install --quiet torch==2.13.0
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+demo: setup
+	OMP_NUM_THREADS=1 $(BIN)/python -m torch.distributed.run --standalone --nproc-per-node=$(NPROC) \
+		-m truestep train tiny --run.dir=runs/demo
+	@echo "run directory: runs/demo (metrics.jsonl, events.jsonl, checkpoints/); run again to resume"
+
+lint: setup
+	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/ruff format --check src tests benchmarks
+
+test: lint
+	$(BIN)/python -m pytest -q
+
+format: setup
+	$(BIN)/ruff check --fix src tests benchmarks
+	$(BIN)/ruff format src tests benchmarks
+
+bench: setup
+	OMP_NUM_THREADS=1 $(BIN)/python benchmarks/step_overhead.py
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache .ruff_cache

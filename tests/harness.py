@@ -1,0 +1,93 @@
+"""Launch real truestep processes (single or under torchrun with gloo) and read their run directories."""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+# A tiny model: steps take milliseconds, so multi-process tests on 2 cores stay quick.
+TINY = [
+    "--model.dim=64",
+    "--model.n_layers=2",
+    "--model.n_heads=4",
+    "--model.n_kv_heads=2",
+    "--model.vocab_size=512",
+    "--model.multiple_of=32",
+    "--model.max_seq_len=64",
+    "--data.seq_len=32",
+    "--train.global_batch_size=8",
+    "--metrics.progress=false",
+]
+
+
+def truestep_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = dict(os.environ)
+    env["OMP_NUM_THREADS"] = "1"
+    env.pop("TRUESTEP_FAULTS", None)
+    env.update(extra or {})
+    return env
+
+
+def launch(
+    run_dir: Path,
+    *overrides: str,
+    nproc: int = 1,
+    config: str = "tiny",
+    env: dict[str, str] | None = None,
+    timeout: float = 240,
+    check: bool = True,
+) -> subprocess.CompletedProcess:
+    """Run `truestep train` on the tiny test model; nproc > 1 goes through torchrun --standalone."""
+    args = ["train", config, f"--run.dir={run_dir}", *TINY, *overrides]
+    if nproc == 1:
+        cmd = [sys.executable, "-m", "truestep", *args]
+    else:
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc-per-node={nproc}",
+            "-m",
+            "truestep",
+            *args,
+        ]
+    proc = subprocess.run(cmd, env=truestep_env(env), capture_output=True, text=True, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(
+            f"{' '.join(cmd)} exited {proc.returncode}\n--- stderr ---\n{proc.stderr[-6000:]}"
+        )
+    return proc
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def metrics(run_dir: Path) -> list[dict]:
+    return read_jsonl(run_dir / "metrics.jsonl")
+
+
+def events(run_dir: Path, name: str | None = None) -> list[dict]:
+    found = read_jsonl(run_dir / "events.jsonl")
+    return [e for e in found if name is None or e["event"] == name]
+
+
+def bits(x: float) -> str:
+    """The float32 bit pattern of a logged value (losses are fp32 values stored exactly in JSON)."""
+    return struct.pack(">f", x).hex()
+
+
+def loss_bits_by_step(run_dir: Path) -> dict[int, str]:
+    """step -> bit pattern of the loss; a step logged twice (recomputed after a crash) keeps the last."""
+    return {m["step"]: bits(m["loss"]) for m in metrics(run_dir)}
+
+
+def final_digest(run_dir: Path) -> str:
+    ends = events(run_dir, "run_end")
+    assert ends, f"{run_dir}: no run_end event"
+    return ends[-1]["param_digest"]
