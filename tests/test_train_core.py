@@ -52,13 +52,15 @@ def test_logged_loss_is_global_mean_not_rank0(tmp_path: Path) -> None:
     """With dp=2 each rank sees different samples; the logged loss must equal the single-process loss
     of the whole batch, which rank 0's local loss alone would not."""
     one, two = tmp_path / "one", tmp_path / "two"
-    launch(one, "--train.max_steps=1", "--checkpoint.interval=0")
-    launch(two, "--train.max_steps=1", "--checkpoint.interval=0", nproc=2)
+    one_step = ["--train.max_steps=1", "--schedule.warmup_steps=0", "--checkpoint.interval=0"]
+    launch(one, *one_step)
+    launch(two, *one_step, nproc=2)
     assert abs(metrics(one)[0]["loss"] - metrics(two)[0]["loss"]) < 1e-6
 
 
 def test_bad_layout_rejected_before_process_group(tmp_path: Path) -> None:
-    proc = launch(tmp_path, "--parallel.tp=4", nproc=2, check=False, timeout=120)
+    heads = ["--model.n_heads=8", "--model.n_kv_heads=4"]  # divisible by tp=4: only the world size is wrong
+    proc = launch(tmp_path, *heads, "--parallel.tp=4", nproc=2, check=False, timeout=120)
     assert proc.returncode != 0
     assert "not divisible by parallel.tp=4" in proc.stderr
     assert not (tmp_path / "metrics.jsonl").exists()

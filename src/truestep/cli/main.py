@@ -11,6 +11,7 @@ USAGE = """usage: truestep COMMAND [ARGS]
 
 commands:
   train [CONFIG] [--section.key=value ...]   train or resume (CONFIG: TOML file or preset; default tiny)
+  launch [CONFIG] --nproc N [--max-restarts K] [overrides]   run N ranks under the local supervisor
   prepare-data FILES... --out DIR            tokenize text files into token shards
   config [CONFIG] [--section.key=value ...]  print the resolved config as TOML
   config --reference                         print the config reference (docs/config.md)
@@ -40,11 +41,13 @@ def _presets_main(argv: list[str]) -> int:
 
 
 def _commands() -> dict[str, Callable[[list[str]], int]]:
+    from truestep.cli.launch import launch_main
     from truestep.cli.train import train_main
     from truestep.data.cli import prepare_data_main
 
     return {
         "train": train_main,
+        "launch": launch_main,
         "prepare-data": prepare_data_main,
         "config": _config_main,
         "presets": _presets_main,

@@ -146,6 +146,38 @@ class CheckpointConfig:
 
 
 @dataclass
+class ResilienceConfig:
+    signals: str = "SIGTERM,SIGUSR1"
+    """Comma-separated signals that mean "preemption coming": ranks agree, save, exit with requeue_exit_code."""
+    signal_agreement: bool = True
+    """Mechanism switch: agree on the stop step across ranks (a one-integer all-reduce per step). Off =
+    each rank acts on its own signal alone, which can leave peers waiting in a collective."""
+    requeue_exit_code: int = 75
+    """Exit code after a graceful preemption (EX_TEMPFAIL): the supervisor and the sbatch script requeue."""
+    exit_deadline_s: float = 90.0
+    """After a preemption signal, exit hard (code requeue_exit_code + 1) if the graceful path has not
+    finished within this many seconds. Must be below scheduler_lead_time_s."""
+    scheduler_lead_time_s: float = 120.0
+    """How long before the kill the scheduler's warning arrives (SLURM --signal=...@N); validated against
+    exit_deadline_s."""
+    nan_guard: bool = True
+    """Mechanism switch: skip the optimizer update when the loss or global grad norm is not finite."""
+    nan_rollback_after: int = 3
+    """Roll back to the newest verified checkpoint after this many consecutive skipped steps; 0 never."""
+    heartbeat: bool = True
+    """Mechanism switch: every rank writes a liveness + progress heartbeat that the supervisor watches."""
+    heartbeat_interval_s: float = 0.5
+    """Seconds between heartbeats (written by a thread that does not wait for the training loop)."""
+    liveness_timeout_s: float = 5.0
+    """Supervisor: a rank whose heartbeat is this stale is hung or stopped (e.g. SIGSTOP)."""
+    hang_timeout_s: float = 10.0
+    """Supervisor: a rank whose step has not advanced for this long while training (not while starting,
+    checkpointing or restoring) is declared hung. Set it above your longest step."""
+    collective_timeout_s: float = 60.0
+    """Collective timeout once the first step is done (parallel.init_timeout_s applies before)."""
+
+
+@dataclass
 class MetricsConfig:
     log_every: int = 1
     """Console progress update interval in steps (metrics.jsonl always gets every step)."""
@@ -179,6 +211,8 @@ class JobConfig:
     """Learning-rate schedule."""
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     """Checkpointing and resume (with the ablation switches)."""
+    resilience: ResilienceConfig = field(default_factory=ResilienceConfig)
+    """Preemption signals, NaN guard, heartbeats and timeouts (with their switches)."""
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     """Logging."""
     run: RunConfig = field(default_factory=RunConfig)

@@ -79,10 +79,29 @@ def validate(cfg: JobConfig) -> None:
     _require(0.0 <= s.min_lr_ratio <= 1.0, "schedule.min_lr_ratio must be in [0, 1]")
     _require(s.decay_steps >= 0, "schedule.decay_steps must be >= 0")
     decay = (s.decay_steps or max(1, t.max_steps // 5)) if s.kind == "wsd" else 0
+    wsd_note = f" + {decay} wsd decay steps (decay_steps=0 means 20% of max_steps)" if decay else ""
     _require(
         s.warmup_steps + decay <= t.max_steps,
-        f"schedule.warmup_steps={s.warmup_steps} (+ {decay} decay steps for wsd; decay_steps=0 means "
-        f"20% of max_steps) must fit in train.max_steps={t.max_steps}",
+        f"schedule.warmup_steps={s.warmup_steps}{wsd_note} must fit in train.max_steps={t.max_steps}; "
+        "lower schedule.warmup_steps or raise train.max_steps",
+    )
+    r = cfg.resilience
+    _require(
+        r.exit_deadline_s < r.scheduler_lead_time_s,
+        f"resilience.exit_deadline_s={r.exit_deadline_s} must be below resilience.scheduler_lead_time_s="
+        f"{r.scheduler_lead_time_s}: the forced exit has to happen before the scheduler's kill",
+    )
+    known_signals = {"SIGTERM", "SIGUSR1", "SIGUSR2", "SIGINT", "SIGHUP"}
+    for name in filter(None, (x.strip() for x in r.signals.split(","))):
+        _require(name in known_signals, f"resilience.signals: {name!r} is not one of {sorted(known_signals)}")
+    _require(r.nan_rollback_after >= 0, "resilience.nan_rollback_after must be >= 0 (0 = never roll back)")
+    _require(
+        min(r.heartbeat_interval_s, r.liveness_timeout_s, r.hang_timeout_s, r.collective_timeout_s) > 0,
+        "resilience timeouts and heartbeat_interval_s must be positive",
+    )
+    _require(
+        r.liveness_timeout_s > 2 * r.heartbeat_interval_s,
+        "resilience.liveness_timeout_s must exceed 2 x heartbeat_interval_s",
     )
     _require(c.interval >= 0, "checkpoint.interval must be >= 0 (0 = only final/emergency saves)")
     _require(c.keep_last_n >= 0, "checkpoint.keep_last_n must be >= 0 (0 keeps all)")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from truestep.faults.hooks import fault_point
 from truestep.train.trainer import StepResult, Trainer
 
 
@@ -24,11 +25,14 @@ def train_loop(trainer: Trainer, hooks: list[Hook]) -> None:
     max_steps = trainer.cfg.train.max_steps
     stop_at = trainer.cfg.train.stop_at_step
     while trainer.state.step < max_steps and trainer.stop_reason is None:
+        fault_point("train:step", step=trainer.state.step + 1)
         microbatches = trainer.loader.next()
         result = trainer.train_step(microbatches)
+        trainer.phase = "train"  # the first step (slow: warm-up, allocation) counts as start-up
         for hook in hooks:
             hook.after_step(trainer, result)
         if stop_at and trainer.state.step >= stop_at:
             trainer.stop_reason = "stop_at_step"
+    trainer.phase = "shutdown"
     for hook in hooks:
         hook.on_end(trainer)

@@ -16,6 +16,7 @@ from truestep.config.fingerprint import fingerprint, trajectory_keys
 from truestep.config.load import to_toml
 from truestep.config.schema import JobConfig
 from truestep.data import build_loader
+from truestep.faults.hooks import poison_loss
 from truestep.model.llama import Transformer
 from truestep.parallel.dist import DistContext
 from truestep.parallel.grad_norm import clip_grad_norm
@@ -46,6 +47,8 @@ class StepResult:
     grad_norm: float
     lr: float
     step_time: float
+    skipped: bool = False
+    """True when the NaN guard skipped the update (non-finite loss or grad norm)."""
 
 
 def _broadcast_int(value: int, ctx: DistContext) -> int:
@@ -67,6 +70,8 @@ class Trainer:
         self.logs = RunLogs(self.run_dir, attempt, enabled=ctx.is_main)
         self.state = TrainState()
         self.stop_reason: str | None = None
+        self.phase = "startup"
+        """What the rank is doing, reported by the heartbeat: startup, train, checkpoint, shutdown."""
         if cfg.train.deterministic:
             # cuBLAS needs a fixed workspace to be deterministic; harmless on CPU.
             os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
@@ -120,17 +125,24 @@ class Trainer:
             self._sync_grads(index == count - 1)
             logits = self.model(inputs.to(self.ctx.device))
             loss = F.cross_entropy(logits.flatten(0, 1), targets.to(self.ctx.device).flatten())
+            if index == 0 and poison_loss(self.state.step + 1):
+                loss = loss * float("nan")
             (loss / count).backward()
             local_loss += loss.detach()
         grad_norm = clip_grad_norm(self.params, self.cfg.train.grad_clip, self.ctx)
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
         global_loss = local_loss / count
         if self.ctx.distributed and self.ctx.dp > 1:
             dist.all_reduce(global_loss, op=dist.ReduceOp.SUM, group=self.ctx.dp_group())
             global_loss /= self.ctx.dp
+        # Both values are global (all-reduced), so every rank takes the same decision without a vote.
+        skip = self.cfg.resilience.nan_guard and not bool(
+            torch.isfinite(grad_norm) & torch.isfinite(global_loss)
+        )
+        if not skip:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
         self.state.step += 1
         self.state.tokens_seen += self.tokens_per_step
         elapsed = time.perf_counter() - start
         self.state.wall_trained_s += elapsed
-        return StepResult(float(global_loss.item()), float(grad_norm.item()), lr, elapsed)
+        return StepResult(float(global_loss.item()), float(grad_norm.item()), lr, elapsed, skip)

@@ -1,0 +1,42 @@
+"""`truestep launch [CONFIG] --nproc N [--max-restarts K] [--section.key=value ...]`: the local supervisor."""
+
+from __future__ import annotations
+
+import argparse
+
+from truestep.config.load import load_config
+from truestep.config.validate import validate_layout
+from truestep.resilience.supervisor import LaunchSpec, run_supervisor
+
+
+def launch_main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="truestep launch",
+        description="Run the ranks of one node, detect failures and hangs in seconds, restart from the "
+        "newest verified checkpoint. Exit 0 = finished, 75 = preempted (requeue me), 1 = gave up.",
+    )
+    parser.add_argument("config", nargs="?", default="tiny", help="TOML file or preset name (default: tiny)")
+    parser.add_argument("--nproc", type=int, default=1, help="ranks on this node")
+    parser.add_argument("--max-restarts", type=int, default=3, help="restarts after failures/requeues")
+    parser.add_argument("--nnodes", type=int, default=1)
+    parser.add_argument("--node-rank", type=int, default=0)
+    parser.add_argument("--master-addr", default="127.0.0.1")
+    parser.add_argument("--master-port", type=int, default=0, help="0 = a free port per attempt (1 node)")
+    args, overrides = parser.parse_known_args(argv)
+    if args.nproc < 1 or args.nnodes < 1 or args.max_restarts < 0:
+        parser.error("--nproc and --nnodes must be >= 1, --max-restarts >= 0")
+    if args.nnodes > 1 and not args.master_port:
+        parser.error("--master-port is required with --nnodes > 1 (all nodes must agree on it)")
+    cfg = load_config(args.config, overrides)
+    validate_layout(cfg, args.nproc * args.nnodes)  # fail here, not in N children
+    spec = LaunchSpec(
+        config=args.config,
+        overrides=overrides,
+        nproc=args.nproc,
+        max_restarts=args.max_restarts,
+        nnodes=args.nnodes,
+        node_rank=args.node_rank,
+        master_addr=args.master_addr,
+        master_port=args.master_port,
+    )
+    return run_supervisor(spec, cfg)

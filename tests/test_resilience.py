@@ -1,0 +1,205 @@
+"""Preemption, hard failures and hangs under the local supervisor, with real signals and process kills.
+
+Every faulted job must end on a trajectory bitwise identical to the failure-free reference.
+Detection latencies are asserted against the configured timeouts plus generous slack (noisy 2-core box).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from harness import TINY, events, final_digest, launch, loss_bits_by_step, truestep_env
+
+MAX = 30
+LIVENESS, HANG = 3.0, 4.0
+COMMON = [
+    f"--train.max_steps={MAX}",
+    "--checkpoint.interval=5",
+    "--resilience.heartbeat_interval_s=0.25",
+    f"--resilience.liveness_timeout_s={LIVENESS}",
+    f"--resilience.hang_timeout_s={HANG}",
+    "--resilience.collective_timeout_s=20",
+]
+SLACK = 3.0
+
+
+def supervise(
+    run_dir: Path, *overrides: str, nproc: int = 2, restarts: int = 2, faults: str = ""
+) -> subprocess.Popen:
+    cmd = [
+        sys.executable,
+        "-m",
+        "truestep",
+        "launch",
+        "tiny",
+        f"--nproc={nproc}",
+        f"--max-restarts={restarts}",
+    ]
+    cmd += [f"--run.dir={run_dir}", *TINY, *COMMON, *overrides]
+    env = truestep_env({"TRUESTEP_FAULTS": faults} if faults else None)
+    return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def finish(proc: subprocess.Popen, timeout: float = 240) -> int:
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, _ = proc.communicate()
+        raise AssertionError(f"supervisor did not finish in {timeout}s:\n{out[-4000:]}") from None
+    finish.last_output = out  # type: ignore[attr-defined]
+    return proc.returncode
+
+
+def wait_for_step(run_dir: Path, rank: int, step: int, timeout: float = 120) -> int:
+    """Wait until `rank` reports at least `step` in phase train; return its pid."""
+    path = run_dir / "heartbeats" / f"rank{rank:05d}.json"
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            beat = json.loads(path.read_text())
+            if beat["step"] >= step and beat["phase"] == "train":
+                return beat["pid"]
+        except (FileNotFoundError, json.JSONDecodeError):
+            pass
+        time.sleep(0.05)
+    raise AssertionError(f"rank {rank} never reached step {step}")
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    run = tmp_path_factory.mktemp("resilience-ref")
+    assert finish(supervise(run)) == 0
+    return run
+
+
+def assert_matches_reference(run: Path, ref: Path) -> None:
+    got, want = loss_bits_by_step(run), loss_bits_by_step(ref)
+    assert sorted(got) == list(range(1, MAX + 1))
+    assert [s for s in want if got[s] != want[s]] == []
+    assert final_digest(run) == final_digest(ref)
+
+
+def supervisor_events(run: Path, name: str) -> list[dict]:
+    return [e for e in events(run, name) if e.get("source") == "supervisor"]
+
+
+def test_sigterm_to_supervisor_saves_and_requeues(reference: Path, tmp_path: Path) -> None:
+    proc = supervise(tmp_path)
+    wait_for_step(tmp_path, 0, 7)
+    proc.send_signal(signal.SIGTERM)
+    assert finish(proc) == 75, finish.last_output  # type: ignore[attr-defined]
+    stop = events(tmp_path, "signal_received")[-1]
+    assert stop["signal"] == "SIGTERM"
+    saved = {e["step"] for e in events(tmp_path, "checkpoint_commit")}
+    assert stop["stop_step"] in saved, "the emergency checkpoint was not committed"
+    assert supervisor_events(tmp_path, "supervisor_end")[-1]["outcome"] == "requeue"
+    # The scheduler's requeue: launch again; it resumes from the emergency checkpoint.
+    assert finish(supervise(tmp_path)) == 0
+    assert events(tmp_path, "checkpoint_restore")[-1]["step"] == stop["stop_step"]
+    assert_matches_reference(tmp_path, reference)
+
+
+def test_signal_on_one_rank_is_agreed_and_restarted_locally(reference: Path, tmp_path: Path) -> None:
+    proc = supervise(tmp_path)
+    pid = wait_for_step(tmp_path, 1, 7)
+    os.kill(pid, signal.SIGUSR1)
+    assert finish(proc) == 0, finish.last_output  # type: ignore[attr-defined]
+    stop = events(tmp_path, "signal_received")[0]
+    # Rank 0 never got the signal itself: it stopped because the ranks agreed.
+    assert stop["signal"] == "peer"
+    assert supervisor_events(tmp_path, "restart")[0]["after"] == "requeue"
+    assert events(tmp_path, "checkpoint_restore")[0]["step"] == stop["stop_step"]
+    assert_matches_reference(tmp_path, reference)
+
+
+def test_sigkill_of_a_rank_is_detected_within_seconds(reference: Path, tmp_path: Path) -> None:
+    proc = supervise(tmp_path)
+    pid = wait_for_step(tmp_path, 1, 7)
+    killed_at = time.time()
+    os.kill(pid, signal.SIGKILL)
+    assert finish(proc) == 0, finish.last_output  # type: ignore[attr-defined]
+    failure = supervisor_events(tmp_path, "failure_detected")[0]
+    assert failure["kind"] == "process_exit"
+    assert failure["detected_at"] - killed_at < 2.0 + SLACK
+    assert supervisor_events(tmp_path, "teardown_complete")[0]["teardown_s"] < 10
+    assert_matches_reference(tmp_path, reference)
+
+
+def test_sigstop_hang_is_detected_by_the_heartbeat(reference: Path, tmp_path: Path) -> None:
+    proc = supervise(tmp_path)
+    pid = wait_for_step(tmp_path, 1, 7)
+    stopped_at = time.time()
+    os.kill(pid, signal.SIGSTOP)
+    assert finish(proc) == 0, finish.last_output  # type: ignore[attr-defined]
+    failure = supervisor_events(tmp_path, "failure_detected")[0]
+    assert failure["kind"] == "stale_heartbeat" and failure["rank"] == 1
+    latency = failure["detected_at"] - stopped_at
+    assert LIVENESS - 0.5 < latency < LIVENESS + SLACK, latency
+    assert_matches_reference(tmp_path, reference)
+
+
+def test_kill_during_commit_resumes_from_the_previous_complete_checkpoint(
+    reference: Path, tmp_path: Path
+) -> None:
+    proc = supervise(tmp_path, faults="crash:at=save:before-marker:step=10:rank=0")
+    assert finish(proc) == 0, finish.last_output  # type: ignore[attr-defined]
+    quarantined = events(tmp_path, "checkpoint_quarantined")
+    assert [q["step"] for q in quarantined] == [10]
+    assert events(tmp_path, "checkpoint_restore")[0]["step"] == 5
+    assert_matches_reference(tmp_path, reference)
+
+
+def test_slow_checkpoint_and_slow_first_step_are_not_hangs(reference: Path, tmp_path: Path) -> None:
+    slow = HANG + 2
+    faults = (
+        f"sleep:at=train:step:step=1:seconds={slow};sleep:at=save:after-shards:step=10:rank=1:seconds={slow}"
+    )
+    proc = supervise(tmp_path, faults=faults)
+    assert finish(proc) == 0, finish.last_output  # type: ignore[attr-defined]
+    assert supervisor_events(tmp_path, "failure_detected") == []
+    assert supervisor_events(tmp_path, "supervisor_end")[-1]["restarts"] == 0
+    assert_matches_reference(tmp_path, reference)
+
+
+def test_a_stalled_training_step_is_declared_hung(tmp_path: Path) -> None:
+    proc = supervise(tmp_path, restarts=0, faults=f"sleep:at=train:step:step=12:rank=0:seconds={HANG + 30}")
+    assert finish(proc) == 1
+    failure = supervisor_events(tmp_path, "failure_detected")[0]
+    assert failure["kind"] == "no_progress"
+
+
+def test_forced_exit_deadline_when_graceful_stop_stalls(tmp_path: Path) -> None:
+    env = truestep_env({"TRUESTEP_FAULTS": "sleep:at=train:step:step=6:seconds=60"})
+    cmd = [sys.executable, "-m", "truestep", "train", "tiny", f"--run.dir={tmp_path}", *TINY, *COMMON]
+    cmd += ["--resilience.exit_deadline_s=2"]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    wait_for_step(tmp_path, 0, 5)
+    time.sleep(0.5)  # now inside the stalled step 6
+    sent = time.time()
+    proc.send_signal(signal.SIGTERM)
+    assert finish(proc, timeout=60) == 76
+    assert time.time() - sent < 2 + SLACK
+
+
+def test_nan_steps_are_skipped_then_rolled_back(tmp_path: Path) -> None:
+    """Two poisoned steps in a row trigger a rollback to step 10; replayed clean, the run ends on the
+    exact failure-free trajectory of a single process."""
+    ref = tmp_path / "ref"
+    launch(ref, *COMMON)
+    run = tmp_path / "run"
+    faults = "nan:at=train:loss:step=12;nan:at=train:loss:step=13"
+    launch(run, *COMMON, "--resilience.nan_rollback_after=2", env={"TRUESTEP_FAULTS": faults})
+    skipped = events(run, "nonfinite_step_skipped")
+    assert [s["step"] for s in skipped] == [12, 13]
+    assert events(run, "nan_rollback")[0]["to_step"] == 10
+    assert loss_bits_by_step(run) == loss_bits_by_step(ref)
+    assert final_digest(run) == final_digest(ref)
