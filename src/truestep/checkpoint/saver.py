@@ -28,7 +28,7 @@ from torch.distributed.checkpoint import FileSystemWriter
 from truestep.checkpoint.layout import LATEST, MARKER, step_dir_name, step_dirs, step_of
 from truestep.checkpoint.manifest import write_manifest, write_marker
 from truestep.checkpoint.state import dcp_state, write_rank_state
-from truestep.faults.hooks import fault_point
+from truestep.faults.hooks import fault_point, set_context
 from truestep.telemetry.digest import param_digest
 
 if TYPE_CHECKING:
@@ -69,6 +69,7 @@ class Checkpointer:
         self.ctx = trainer.ctx
         self.logs = trainer.logs
         self.root = Path(self.cfg.dir) if self.cfg.dir else trainer.run_dir / "checkpoints"
+        set_context(checkpoint_root=self.root)
         self.pending: PendingSave | None = None
         self.last_saved_step: int | None = None
         # A dedicated group keeps DCP's background collectives off FSDP's default group.

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import os
 
 from truestep.config.load import load_config
 from truestep.config.validate import validate_layout
+from truestep.faults.hooks import ENV_VAR as FAULTS_ENV
+from truestep.faults.spec import parse_faults
 from truestep.resilience.supervisor import LaunchSpec, run_supervisor
 
 
@@ -22,12 +25,19 @@ def launch_main(argv: list[str]) -> int:
     parser.add_argument("--node-rank", type=int, default=0)
     parser.add_argument("--master-addr", default="127.0.0.1")
     parser.add_argument("--master-port", type=int, default=0, help="0 = a free port per attempt (1 node)")
+    parser.add_argument(
+        "--fault", action="append", default=[], help="fault spec (repeatable); see docs/faults.md"
+    )
     args, overrides = parser.parse_known_args(argv)
     if args.nproc < 1 or args.nnodes < 1 or args.max_restarts < 0:
         parser.error("--nproc and --nnodes must be >= 1, --max-restarts >= 0")
     if args.nnodes > 1 and not args.master_port:
         parser.error("--master-port is required with --nnodes > 1 (all nodes must agree on it)")
     cfg = load_config(args.config, overrides)
+    if args.fault:
+        parse_faults(";".join(args.fault))  # reject a bad spec here, not in N children
+        existing = os.environ.get(FAULTS_ENV, "")
+        os.environ[FAULTS_ENV] = ";".join(filter(None, [existing, *args.fault]))
     validate_layout(cfg, args.nproc * args.nnodes)  # fail here, not in N children
     spec = LaunchSpec(
         config=args.config,

@@ -7,6 +7,8 @@ import argparse
 from truestep.checkpoint.hook import CheckpointHook
 from truestep.config.load import load_config
 from truestep.config.schema import JobConfig
+from truestep.faults.hooks import arm, armed
+from truestep.faults.spec import parse_faults
 from truestep.parallel.dist import init_distributed, shutdown
 from truestep.resilience.heartbeat import HeartbeatHook
 from truestep.resilience.nan_guard import NanGuardHook
@@ -40,8 +42,13 @@ def train_main(argv: list[str]) -> int:
         description="Train (or resume) a run. Launch with `truestep launch` or torchrun for several processes.",
     )
     parser.add_argument("config", nargs="?", default="tiny", help="TOML file or preset name (default: tiny)")
+    parser.add_argument(
+        "--fault", action="append", default=[], help="fault spec (repeatable); see docs/faults.md"
+    )
     args, overrides = parser.parse_known_args(argv)
     cfg = load_config(args.config, overrides)
+    if args.fault:
+        arm([*armed(), *parse_faults(";".join(args.fault))])
     ctx = init_distributed(cfg)
     trainer = Trainer(cfg, ctx)
     try:

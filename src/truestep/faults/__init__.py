@@ -1,5 +1,17 @@
-"""Fault injection: named fault points, armed by a declarative spec, inert when none is configured."""
+"""Fault injection: declarative specs and campaigns (`spec.py`), fault points and their actions
+(`hooks.py`). Inert when no fault is configured; only code at a fault point imports it."""
 
-from truestep.faults.hooks import FaultSpec, arm, armed, fault_point, parse_faults, poison_loss
+from truestep.faults.hooks import arm, armed, fault_point, poison_loss, set_context
+from truestep.faults.spec import FaultSpec, campaign, parse_fault, parse_faults
 
-__all__ = ["FaultSpec", "arm", "armed", "fault_point", "parse_faults", "poison_loss"]
+__all__ = [
+    "FaultSpec",
+    "arm",
+    "armed",
+    "campaign",
+    "fault_point",
+    "parse_fault",
+    "parse_faults",
+    "poison_loss",
+    "set_context",
+]

@@ -1,79 +1,33 @@
-"""Named fault points compiled into the code paths that matter, and the specs that arm them.
+"""Fault points compiled into the code paths that matter, and what an armed fault does there.
 
-A spec reads `KIND:at=POINT[:step=N][:rank=R][:restart=K][:seconds=S]`, e.g.
-`crash:at=save:before-marker:step=20:rank=0`. Kinds: `crash` (SIGKILL this process), `sleep` (stall for
-`seconds`), `nan` (poison the loss; only at `train:loss`). `restart` (default 0) matches the supervisor's
-TRUESTEP_RESTART_COUNT, so a fault fires in one attempt and the restarted job runs clean; within a
-process each spec fires once.
-Specs come from the env var TRUESTEP_FAULTS (';'-separated). With nothing armed, a fault point is one
-dict lookup.
+Inert unless armed: with no spec, `fault_point` is one dict lookup. Specs are armed from the env var
+TRUESTEP_FAULTS at import (that is how `truestep launch` and `experiment` arm child ranks) or by `arm`.
+Every fault that fires is announced on stderr and, when a run directory is known, written to its
+events.jsonl as `fault_injected` with its wall-clock time: detection latency and MTTR are measured from
+the true fault time.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
 import time
-from dataclasses import dataclass
+from pathlib import Path
+
+from truestep.faults.spec import POINTS, FaultSpec, parse_faults
 
 ENV_VAR = "TRUESTEP_FAULTS"
-POINTS = (
-    "save:before-shards",
-    "save:mid-shards",
-    "save:after-shards",
-    "save:before-manifest",
-    "save:before-marker",
-    "save:after-marker",
-    "train:step",
-    "train:loss",
-)
-KINDS = ("crash", "sleep", "nan")
-
-
-@dataclass(frozen=True)
-class FaultSpec:
-    kind: str
-    at: str
-    step: int | None = None
-    """Only at this step (None = every time the point is reached)."""
-    rank: int | None = None
-    """Only on this global rank (None = every rank)."""
-    restart: int = 0
-    """Only in this attempt of a supervised job (TRUESTEP_RESTART_COUNT)."""
-    seconds: float = 0.0
-    """sleep only: how long."""
-
-
-def parse_faults(text: str) -> list[FaultSpec]:
-    specs = []
-    for item in filter(None, (s.strip() for s in text.split(";"))):
-        kind, _, rest = item.partition(":")
-        if kind not in KINDS:
-            raise ValueError(f"fault {item!r}: unknown kind {kind!r} (known: {', '.join(KINDS)})")
-        at = next((p for p in sorted(POINTS, key=len, reverse=True) if f"at={p}" in rest), None)
-        if at is None:
-            raise ValueError(f"fault {item!r}: needs at=<point>, one of {', '.join(POINTS)}")
-        fields = dict(f.split("=", 1) for f in rest.replace(f"at={at}", "").split(":") if f)
-        unknown = set(fields) - {"step", "rank", "restart", "seconds"}
-        if unknown:
-            raise ValueError(f"fault {item!r}: unknown fields {sorted(unknown)}")
-        if kind == "nan" and at != "train:loss":
-            raise ValueError(f"fault {item!r}: nan faults go at train:loss")
-        specs.append(
-            FaultSpec(
-                kind,
-                at,
-                int(fields["step"]) if "step" in fields else None,
-                int(fields["rank"]) if "rank" in fields else None,
-                int(fields.get("restart", 0)),
-                float(fields.get("seconds", 0.0)),
-            )
-        )
-    return specs
-
+JOB_START_ENV = "TRUESTEP_JOB_START"
+SUPERVISOR_ENV = "TRUESTEP_SUPERVISOR_PID"
 
 _ARMED: dict[str, list[FaultSpec]] = {}
+_CONTEXT: dict[str, Path] = {}
+_PROCESS_START = time.time()
+_last_step_mark: list[float] = []
+
+__all__ = ["ENV_VAR", "POINTS", "FaultSpec", "arm", "armed", "fault_point", "parse_faults", "poison_loss"]
 
 
 def arm(specs: list[FaultSpec]) -> None:
@@ -86,48 +40,104 @@ def armed() -> list[FaultSpec]:
     return [s for specs in _ARMED.values() for s in specs]
 
 
-def _matching(name: str, step: int | None) -> list[FaultSpec]:
-    """Specs that fire here now; each fires at most once per process (a replayed step runs clean)."""
+def set_context(run_dir: Path | None = None, checkpoint_root: Path | None = None) -> None:
+    """Where to log fired faults and which checkpoints `corrupt` targets (set by the trainer)."""
+    if run_dir is not None:
+        _CONTEXT["run_dir"] = run_dir
+    if checkpoint_root is not None:
+        _CONTEXT["checkpoint_root"] = checkpoint_root
+
+
+def _elapsed() -> float:
+    return time.time() - float(os.environ.get(JOB_START_ENV, _PROCESS_START))
+
+
+def _due(spec: FaultSpec, step: int | None, rank: int, restart: int) -> bool:
+    if spec.restart != restart or (spec.rank is not None and spec.rank != rank):
+        return False
+    if spec.time is not None:
+        return _elapsed() >= spec.time
+    return spec.step is None or spec.step == step
+
+
+def _fire(name: str, step: int | None) -> list[FaultSpec]:
+    """Specs due here now. Each fires once per process (a replayed step runs clean), except `slow`."""
     specs = _ARMED.get(name)
     if not specs:
         return []
     rank = int(os.environ.get("RANK", "0"))
     restart = int(os.environ.get("TRUESTEP_RESTART_COUNT", "0"))
-    fired = [
-        s
-        for s in specs
-        if (s.step is None or s.step == step) and (s.rank is None or s.rank == rank) and s.restart == restart
-    ]
+    fired = [s for s in specs if _due(s, step, rank, restart)]
     for spec in fired:
-        specs.remove(spec)
+        if spec.kind != "slow":
+            specs.remove(spec)
+            _announce(spec, name, step, rank)
     return fired
 
 
-def _announce(spec: FaultSpec, step: int | None) -> None:
+def _announce(spec: FaultSpec, name: str, step: int | None, rank: int) -> None:
+    now = time.time()
     print(
-        f"truestep fault: {spec.kind} at {spec.at} step={step} rank={os.environ.get('RANK', '0')} "
-        f"time={time.time():.6f}",
+        f"truestep fault: {spec.kind} at {name} step={step} rank={rank} time={now:.6f}",
         file=sys.stderr,
         flush=True,
     )
+    run_dir = _CONTEXT.get("run_dir")
+    if run_dir is not None:
+        record = {"time": now, "source": "fault", "event": "fault_injected", "kind": spec.kind}
+        record.update(point=name, step=step, rank=rank, spec=spec.describe())
+        with open(run_dir / "events.jsonl", "a", encoding="utf-8") as f:  # one O_APPEND write
+            f.write(json.dumps(record) + "\n")
+
+
+def _corrupt_latest() -> None:
+    """Flip one byte in the largest file of the newest committed checkpoint."""
+    root = _CONTEXT.get("checkpoint_root")
+    if root is None:
+        return
+    committed = sorted(p for p in root.glob("step_*") if (p / "COMMITTED").is_file())
+    if not committed:
+        return
+    victim = max((p for p in committed[-1].iterdir() if p.is_file()), key=lambda p: p.stat().st_size)
+    with open(victim, "r+b") as f:
+        f.seek(victim.stat().st_size // 2)
+        byte = f.read(1)
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([byte[0] ^ 0xFF]))
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _slow_down(factor: float) -> None:
+    now = time.monotonic()
+    if _last_step_mark:
+        time.sleep((factor - 1.0) * (now - _last_step_mark[0]))
+        now = time.monotonic()
+    _last_step_mark[:] = [now]
 
 
 def fault_point(name: str, step: int | None = None) -> None:
-    """Crash or stall here if a matching fault is armed."""
-    for spec in _matching(name, step):
-        _announce(spec, step)
-        if spec.kind == "crash":
+    """Act out every fault armed for this point and due now."""
+    for spec in _fire(name, step):
+        if spec.kind in ("crash", "kill"):
+            os.kill(os.getpid(), signal.SIGKILL)
+        elif spec.kind == "hang":
+            os.kill(os.getpid(), signal.SIGSTOP)
+        elif spec.kind == "term":
+            # The scheduler's preemption reaches the whole job: through the supervisor when there is one.
+            os.kill(int(os.environ.get(SUPERVISOR_ENV, os.getpid())), signal.SIGTERM)
+        elif spec.kind == "corrupt":
+            _corrupt_latest()
             os.kill(os.getpid(), signal.SIGKILL)
         elif spec.kind == "sleep":
             time.sleep(spec.seconds)
+        elif spec.kind == "slow":
+            _slow_down(spec.factor)
 
 
 def poison_loss(step: int) -> bool:
-    """True if a `nan` fault is armed for this step at train:loss."""
-    matches = _matching("train:loss", step)
-    for spec in matches:
-        _announce(spec, step)
-    return bool(matches)
+    """True if a `nan` fault is due for this step."""
+    return bool(_fire("train:loss", step))
 
 
 arm(parse_faults(os.environ.get(ENV_VAR, "")))

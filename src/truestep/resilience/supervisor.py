@@ -64,6 +64,7 @@ class Supervisor:
         )
         self.requeue_code = cfg.resilience.requeue_exit_code
         self.signalled: str | None = None
+        self.job_start = time.time()
         for name in filter(None, (s.strip() for s in cfg.resilience.signals.split(","))):
             signal.signal(signal.Signals[name], self._on_signal)
 
@@ -93,7 +94,9 @@ class Supervisor:
                 MASTER_ADDR=self.spec.master_addr,
                 MASTER_PORT=str(port),
                 TRUESTEP_RESTART_COUNT=str(attempt),
+                TRUESTEP_SUPERVISOR_PID=str(os.getpid()),
             )
+            env.setdefault("TRUESTEP_JOB_START", str(self.job_start))
             env.setdefault("OMP_NUM_THREADS", str(self.cfg.parallel.num_threads))
             cmd = [sys.executable, "-m", "truestep", "train", self.spec.config, *self.spec.overrides]
             procs.append(subprocess.Popen(cmd, env=env))

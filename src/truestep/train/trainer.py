@@ -16,7 +16,7 @@ from truestep.config.fingerprint import fingerprint, trajectory_keys
 from truestep.config.load import to_toml
 from truestep.config.schema import JobConfig
 from truestep.data import build_loader
-from truestep.faults.hooks import poison_loss
+from truestep.faults.hooks import poison_loss, set_context
 from truestep.model.llama import Transformer
 from truestep.parallel.dist import DistContext
 from truestep.parallel.grad_norm import clip_grad_norm
@@ -66,6 +66,7 @@ class Trainer:
         self.run_dir = Path(cfg.run.dir)
         if ctx.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
+        set_context(run_dir=self.run_dir)
         attempt = _broadcast_int(next_attempt(self.run_dir) if ctx.is_main else 0, ctx)
         self.logs = RunLogs(self.run_dir, attempt, enabled=ctx.is_main)
         self.state = TrainState()

@@ -1,0 +1,134 @@
+"""Declarative fault specs: parsing, validation, and randomized campaigns.
+
+User-facing kinds (`--fault` on train/launch/experiment, or TRUESTEP_FAULTS, ';'-separated):
+
+  kill:rank=1:step=120            SIGKILL rank 1 when it starts step 120
+  term:step=300                   the scheduler's preemption: SIGTERM to the whole job (the supervisor)
+  hang:rank=0:step=50             SIGSTOP rank 0 (a hang: alive but silent)
+  crash-in-save:phase=after-shards[:step=N][:rank=R]   SIGKILL inside the commit protocol
+  corrupt:target=latest:step=N    flip a byte in the newest committed checkpoint, then SIGKILL
+  nan:step=80                     poison the loss of step 80 (non-finite update)
+  slow:rank=1:factor=3            rank 1 runs every step 3x slower
+Any of them may use `time=SECONDS` (since the job started) instead of `step=N`. `restart=K` (default 0)
+fires the fault only in the K-th attempt of a supervised job, so a restarted job runs clean.
+Low-level forms used by tests: `crash:at=POINT`, `sleep:at=POINT:seconds=S`.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+SAVE_PHASES = (
+    "before-shards",
+    "mid-shards",
+    "after-shards",
+    "before-manifest",
+    "before-marker",
+    "after-marker",
+)
+POINTS = (*(f"save:{p}" for p in SAVE_PHASES), "train:step", "train:loss")
+KINDS = ("kill", "term", "hang", "crash-in-save", "corrupt", "nan", "slow", "crash", "sleep")
+_FIELDS = {"at", "step", "rank", "restart", "seconds", "time", "phase", "target", "factor"}
+
+
+@dataclass(frozen=True)
+class FaultSpec:
+    kind: str
+    at: str
+    """The fault point where it fires (derived from the kind for the user-facing kinds)."""
+    step: int | None = None
+    """Fire at this step (None = first time reached, or by `time`)."""
+    rank: int | None = None
+    """Only on this global rank (None = every rank; kill/hang/corrupt/term default to rank 0)."""
+    restart: int = 0
+    """Only in this attempt of a supervised job (TRUESTEP_RESTART_COUNT)."""
+    seconds: float = 0.0
+    """sleep: how long to stall."""
+    time: float | None = None
+    """Fire once this many seconds have passed since the job started."""
+    factor: float = 1.0
+    """slow: step-time multiplier."""
+
+    def describe(self) -> str:
+        where = f"step={self.step}" if self.step is not None else f"time={self.time}"
+        return f"{self.kind}:rank={self.rank}:{where}:restart={self.restart}"
+
+
+def _split(item: str) -> tuple[str, dict[str, str]]:
+    kind, _, rest = item.partition(":")
+    fields: dict[str, str] = {}
+    at = next((p for p in sorted(POINTS, key=len, reverse=True) if f"at={p}" in rest), None)
+    if at is not None:
+        fields["at"] = at
+        rest = rest.replace(f"at={at}", "")
+    for part in filter(None, rest.split(":")):
+        if "=" not in part:
+            raise ValueError(f"fault {item!r}: field {part!r} must be key=value")
+        key, value = part.split("=", 1)
+        fields[key] = value
+    unknown = set(fields) - _FIELDS
+    if unknown:
+        raise ValueError(f"fault {item!r}: unknown fields {sorted(unknown)}; known: {sorted(_FIELDS)}")
+    return kind, fields
+
+
+def parse_fault(item: str) -> FaultSpec:
+    kind, f = _split(item.strip())
+    if kind not in KINDS:
+        raise ValueError(f"fault {item!r}: unknown kind {kind!r}; known: {', '.join(KINDS)}")
+    step = int(f["step"]) if "step" in f else None
+    when = float(f["time"]) if "time" in f else None
+    rank = int(f["rank"]) if "rank" in f else None
+    common = {"step": step, "time": when, "restart": int(f.get("restart", 0))}
+    if kind in ("kill", "term", "hang", "corrupt"):
+        if step is None and when is None:
+            raise ValueError(f"fault {item!r}: {kind} needs step=N or time=SECONDS")
+        if kind == "corrupt" and f.get("target", "latest") != "latest":
+            raise ValueError(f"fault {item!r}: only target=latest is supported")
+        return FaultSpec(kind, "train:step", rank=0 if rank is None else rank, **common)
+    if kind == "crash-in-save":
+        phase = f.get("phase", "")
+        if phase not in SAVE_PHASES:
+            raise ValueError(f"fault {item!r}: phase must be one of {', '.join(SAVE_PHASES)}")
+        return FaultSpec("crash", f"save:{phase}", rank=rank, **common)
+    if kind == "nan":
+        return FaultSpec("nan", "train:loss", rank=rank, **common)
+    if kind == "slow":
+        factor = float(f.get("factor", 0))
+        if factor <= 1:
+            raise ValueError(f"fault {item!r}: slow needs factor > 1")
+        return FaultSpec("slow", "train:step", rank=rank, factor=factor, **common)
+    # Low-level forms.
+    if "at" not in f:
+        raise ValueError(f"fault {item!r}: {kind} needs at=<point>, one of {', '.join(POINTS)}")
+    if kind == "nan" and f["at"] != "train:loss":
+        raise ValueError(f"fault {item!r}: nan faults go at train:loss")
+    return FaultSpec(kind, f["at"], rank=rank, seconds=float(f.get("seconds", 0.0)), **common)
+
+
+def parse_faults(text: str) -> list[FaultSpec]:
+    return [parse_fault(item) for item in text.split(";") if item.strip()]
+
+
+def campaign(count: int, seed: int, max_steps: int, world_size: int, interval: int) -> list[str]:
+    """`count` random process-level faults, one per attempt (restart=i), at increasing steps.
+
+    Drawn from {kill, hang, term, crash-in-save}; a crash-in-save lands on a checkpoint step.
+    """
+    rng = random.Random(seed)
+    lo, hi = max(2, max_steps // 10), max(3, max_steps - max_steps // 10)
+    steps = sorted(rng.sample(range(lo, hi), count))
+    specs = []
+    for restart, step in enumerate(steps):
+        kind = rng.choice(["kill", "hang", "term", "crash-in-save"])
+        rank = rng.randrange(world_size)
+        if kind == "crash-in-save":
+            save_step = max(interval, (step // max(interval, 1)) * max(interval, 1))
+            phase = rng.choice(SAVE_PHASES)
+            specs.append(f"crash-in-save:phase={phase}:step={save_step}:rank={rank}:restart={restart}")
+        elif kind == "term":
+            specs.append(f"term:step={step}:restart={restart}")
+        else:
+            specs.append(f"{kind}:rank={rank}:step={step}:restart={restart}")
+    return specs
