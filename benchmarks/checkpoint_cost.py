@@ -42,6 +42,7 @@ from truestep.checkpoint.saver import Checkpointer
 from truestep.checkpoint.state import restore
 from truestep.config.load import load_config
 from truestep.parallel.dist import init_distributed
+from truestep.telemetry.digest import param_digest
 from truestep.train.trainer import Trainer
 
 RAW_CHUNK = 64 << 20
@@ -176,6 +177,7 @@ def main() -> None:
                 "ov_steps",
                 "ov_slowdown",
                 "raw",
+                "digest",
             )
         }
         nbytes = 0
@@ -252,6 +254,9 @@ def main() -> None:
                 run[name]()
             for _ in range(args.steps):
                 res["step"].append(step())
+            started = time.perf_counter()
+            param_digest(trainer.model, ctx)
+            res["digest"].append(time.perf_counter() - started)
         trainer.logs.close()
 
     m = {k: median(v) for k, v in res.items()}
@@ -265,6 +270,7 @@ def main() -> None:
     )
     rows = [
         ("step (no checkpoint)", res["step"]),
+        ("param_digest (inside every save())", res["digest"]),
         ("sync save() total", res["sync"]),
         ("  event blocking_s (DCP write)", res["sync_event_blocking"]),
         ("  event commit_s (SHA-256 + marker)", res["sync_commit"]),

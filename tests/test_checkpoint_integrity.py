@@ -2,9 +2,10 @@
 planted pickles, nothing verifying, config fingerprints, retention and the naive-commit ablation.
 
 Real `truestep train` processes (tests/harness.py) on the tiny model. Startup dominates a run, so the
-runs are submitted to a small process-level pool from module-scoped fixtures and shared: one
-uninterrupted reference run, then independent crash/resume pairs, then destructive cases that each
-work on their own `shutil.copytree` of the reference run directory. Tests only wait for their own job.
+runs are submitted to a small thread pool (TRUESTEP_TEST_JOBS, default min(4, cpus)) from module-scoped
+fixtures and shared: one uninterrupted reference run, then independent crash/resume pairs, then
+destructive cases that each work on their own `shutil.copytree` of the reference run directory. Tests
+only wait for their own job.
 
 Trajectory claims are bitwise: fp32 loss bit patterns per step (`harness.loss_bits_by_step`) and the
 final parameter digest (`harness.final_digest`) must equal the reference run's.

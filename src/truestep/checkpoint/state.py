@@ -94,10 +94,20 @@ def restore(trainer: Trainer, ckpt_dir: Path) -> dict[str, Any]:
     same_layout = shared["layout"] == ctx.layout()
 
     state = dcp_state(trainer, with_optimizer=cfg.restore_optimizer_state)
-    dcp.load(state, storage_reader=SafeFileSystemReader(ckpt_dir), planner=SafeLoadPlanner())
-    set_model_state_dict(trainer.model, state["model"])
-    if cfg.restore_optimizer_state:
-        set_optimizer_state_dict(trainer.model, trainer.optimizer, state["optim"])
+    weights_restored = True
+    try:
+        dcp.load(state, storage_reader=SafeFileSystemReader(ckpt_dir), planner=SafeLoadPlanner())
+    except Exception as err:
+        if cfg.atomic_commit:
+            raise
+        # Ablation of atomic_commit: reproduce the naive trainer that trusts a torn directory, loads
+        # what is there and carries on (strict=False style). Loud in the event log, silent in training.
+        weights_restored = False
+        trainer.logs.event("naive_partial_restore", path=str(ckpt_dir), error=f"{type(err).__name__}: {err}")
+    if weights_restored:
+        set_model_state_dict(trainer.model, state["model"])
+        if cfg.restore_optimizer_state:
+            set_optimizer_state_dict(trainer.model, trainer.optimizer, state["optim"])
 
     for key, value in shared["train_state"].items():
         setattr(trainer.state, key, value)
@@ -121,6 +131,7 @@ def restore(trainer: Trainer, ckpt_dir: Path) -> dict[str, Any]:
         "saved_layout": shared["layout"],
         "rng_policy": rng_policy,
         "config_differences": differences,
-        "restored_optimizer": cfg.restore_optimizer_state,
+        "restored_weights": weights_restored,
+        "restored_optimizer": cfg.restore_optimizer_state and weights_restored,
         "restored_data_position": cfg.restore_data_position,
     }

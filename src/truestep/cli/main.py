@@ -12,6 +12,11 @@ USAGE = """usage: truestep COMMAND [ARGS]
 commands:
   train [CONFIG] [--section.key=value ...]   train or resume (CONFIG: TOML file or preset; default tiny)
   launch [CONFIG] --nproc N [--max-restarts K] [overrides]   run N ranks under the local supervisor
+  demo [--out DIR]                           the instrument end to end on the built-in default
+  experiment [CONFIG] [--fault SPEC ...] [--campaign N] [--ablation] [--out DIR]
+  fidelity RUN --reference REF [--floor REF2]  trajectory fidelity of a run
+  goodput RUN [--reference REF]              correct goodput, badput, MTTR of a run
+  report DIR                                 report.md + report.html for an experiment directory
   prepare-data FILES... --out DIR            tokenize text files into token shards
   config [CONFIG] [--section.key=value ...]  print the resolved config as TOML
   config --reference                         print the config reference (docs/config.md)
@@ -41,6 +46,7 @@ def _presets_main(argv: list[str]) -> int:
 
 
 def _commands() -> dict[str, Callable[[list[str]], int]]:
+    from truestep.cli.instrument import demo_main, experiment_main, fidelity_main, goodput_main, report_main
     from truestep.cli.launch import launch_main
     from truestep.cli.train import train_main
     from truestep.data.cli import prepare_data_main
@@ -48,6 +54,11 @@ def _commands() -> dict[str, Callable[[list[str]], int]]:
     return {
         "train": train_main,
         "launch": launch_main,
+        "experiment": experiment_main,
+        "fidelity": fidelity_main,
+        "goodput": goodput_main,
+        "report": report_main,
+        "demo": demo_main,
         "prepare-data": prepare_data_main,
         "config": _config_main,
         "presets": _presets_main,

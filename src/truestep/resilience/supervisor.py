@@ -19,7 +19,7 @@ from pathlib import Path
 
 from truestep.config.schema import JobConfig
 from truestep.resilience.heartbeat import HEARTBEAT_DIR, heartbeat_path, read_heartbeat
-from truestep.telemetry.jsonl import JsonlWriter
+from truestep.telemetry.jsonl import JsonlWriter, read_jsonl
 from truestep.telemetry.run_logs import EVENTS_FILE
 
 POLL_S = 0.1
@@ -65,6 +65,11 @@ class Supervisor:
         self.requeue_code = cfg.resilience.requeue_exit_code
         self.signalled: str | None = None
         self.job_start = time.time()
+        # Attempts are numbered across requeues (each launch of the supervisor continues the count),
+        # like the trainer's attempt id: TRUESTEP_RESTART_COUNT is this global number.
+        self.first_attempt = sum(
+            1 for e in read_jsonl(self.run_dir / EVENTS_FILE) if e.get("event") == "attempt_start"
+        )
         for name in filter(None, (s.strip() for s in cfg.resilience.signals.split(","))):
             signal.signal(signal.Signals[name], self._on_signal)
 
@@ -185,7 +190,7 @@ class Supervisor:
         )
         restarts = 0
         while True:
-            procs = self._spawn(restarts)
+            procs = self._spawn(self.first_attempt + restarts)
             outcome, failure = self._watch(procs)
             if failure is not None:
                 detected = time.time()

@@ -12,6 +12,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed.fsdp import FSDPModule
 
+import truestep
 from truestep.config.fingerprint import fingerprint, trajectory_keys
 from truestep.config.load import to_toml
 from truestep.config.schema import JobConfig
@@ -106,6 +107,7 @@ class Trainer:
             num_threads=torch.get_num_threads(),
             torch_version=torch.__version__,
             start_step=self.state.step,
+            process_start=truestep.STARTED_AT,
             max_steps=self.cfg.train.max_steps,
             state=asdict(self.state),
         )

@@ -1,0 +1,109 @@
+"""`truestep export CKPT --to hf|torch DEST` and `truestep import-hf HF_DIR --out CKPT_DIR`.
+
+Exit codes: 0 success; 1 refused (checkpoint does not verify, unsupported architecture or config,
+weights that do not fit, destination not empty); 2 usage errors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from truestep.interop.errors import InteropError
+
+USAGE = """usage:
+  truestep export CKPT --to hf OUT_DIR [--max-shard-size 5GB] [--no-checksums]
+  truestep export CKPT --to torch FILE [--no-checksums]
+  truestep import-hf HF_DIR --out CKPT_DIR
+"""
+
+
+def _export_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="truestep export",
+        description="Consolidate the model weights of a verified checkpoint (any layout) into a Hugging Face "
+        "Llama directory (config.json + safetensors) or a single torch.save state dict (fp32).",
+    )
+    parser.add_argument(
+        "ckpt",
+        type=Path,
+        help="a step_XXXXXXXX checkpoint directory, or a run directory / checkpoint root (newest verified)",
+    )
+    parser.add_argument("--to", required=True, choices=("hf", "torch"), help="output format")
+    parser.add_argument("dest", type=Path, help="hf: output directory (new or empty); torch: output file")
+    parser.add_argument(
+        "--max-shard-size",
+        default="5GB",
+        help="hf: split the safetensors into shards of at most this size (5GB, 500MB, 2GiB; default 5GB)",
+    )
+    parser.add_argument("--no-checksums", action="store_true", help="verify sizes only, not SHA-256")
+    return parser
+
+
+def _import_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="truestep import-hf",
+        description="Turn a Hugging Face LlamaForCausalLM directory (safetensors) into a weights-only truestep "
+        "checkpoint that a fresh run starts from with --checkpoint.init_from=CKPT_DIR.",
+    )
+    parser.add_argument("hf_dir", type=Path, help="directory with config.json and *.safetensors")
+    parser.add_argument(
+        "--out",
+        required=True,
+        type=Path,
+        help="checkpoint root (step_00000000/ is created in it) or a step_XXXXXXXX directory; must be new or empty",
+    )
+    return parser
+
+
+def _export(argv: list[str]) -> int:
+    from truestep.interop.ckpt import export_torch
+    from truestep.interop.hf import export_hf
+
+    args = _export_parser().parse_args(argv)
+    checksums = not args.no_checksums
+    if args.to == "hf":
+        info = export_hf(args.ckpt, args.dest, args.max_shard_size, checksums=checksums)
+        print(
+            f"exported {info['checkpoint']} -> {info['out']}: {info['tensors']} tensors, "
+            f"{info['bytes']} bytes in {len(info['files'])} file(s) (fp32)"
+        )
+    else:
+        info = export_torch(args.ckpt, args.dest, checksums=checksums)
+        print(f"exported {info['checkpoint']} -> {info['file']}: {info['tensors']} tensors (fp32)")
+    return 0
+
+
+def _import(argv: list[str]) -> int:
+    from truestep.interop.hf import describe_model, import_hf
+
+    args = _import_parser().parse_args(argv)
+    info = import_hf(args.hf_dir, args.out)
+    print(f"imported {info['hf_dir']} -> {info['checkpoint']}: {describe_model(info['model'])}")
+    print(f"source dtypes: {', '.join(info['source_dtypes'])} (stored as float32)")
+    print("start a run from it with these model settings:")
+    print(f"  --checkpoint.init_from={args.out} " + " ".join(info["model_overrides"]))
+    return 0
+
+
+def interop_main(argv: list[str]) -> int:
+    """Entry point for both subcommands: argv[0] is "export" or "import-hf"."""
+    if not argv or argv[0] not in ("export", "import-hf"):
+        print(USAGE, file=sys.stderr)
+        return 2
+    name, rest = argv[0], argv[1:]
+    try:
+        return _export(rest) if name == "export" else _import(rest)
+    except SystemExit as exit_:  # argparse printed the usage error (or --help) already
+        return int(exit_.code or 0)
+    except InteropError as err:
+        print(f"truestep {name}: error: {err}", file=sys.stderr)
+        return 1
+    except OSError as err:
+        print(f"truestep {name}: error: {err}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(interop_main(sys.argv[1:]))

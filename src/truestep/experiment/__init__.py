@@ -1,0 +1,1 @@
+"""Orchestration of measurement runs (reference, floor, faulted, ablation) through the supervisor."""
