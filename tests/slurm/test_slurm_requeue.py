@@ -2,15 +2,16 @@
 preempted or warned before its time limit comes back, resumes from a checkpoint and, for the runs that
 finish, matches an uninterrupted run of the same config bit for bit.
 
-The jobs run `truestep train` directly (TRUESTEP_CMD); the tests read the run directory and the job's
-output (the sbatch script logs every signal and decision with a timestamp).
+The requeue test runs `truestep train` through TRUESTEP_CMD; the preemption and time-limit tests run the
+script's default command, `truestep launch` (the supervisor, which forwards signals to its rank). The
+tests read the run directory and the job's output, where the sbatch script logs every signal and
+decision with a timestamp.
 """
 
 from __future__ import annotations
 
 import os
 import shlex
-import signal
 import subprocess
 import sys
 import time
@@ -26,21 +27,13 @@ from truestep.telemetry.jsonl import read_jsonl
 STEPS = int(os.environ.get("TRUESTEP_SLURM_STEPS", "300"))
 TRAIN_OVERRIDES = [*TINY, "--checkpoint.interval=5"]
 DONE = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED", "BOOT_FAIL"}
-NEEDS_SIGNALS = "needs truestep signal handling (SIGTERM/SIGUSR1 -> signal_received, emergency save, exit 75)"
 
-_bin = Path(sys.executable).with_name("truestep")
+_bin = Path(sys.executable).with_name("truestep")  # .venv/bin/truestep
 TRUESTEP = [str(_bin)] if _bin.exists() else [sys.executable, "-m", "truestep"]
 
 
-def train_argv(run_dir: Path, steps: int) -> list[str]:
-    return [
-        *TRUESTEP,
-        "train",
-        "tiny",
-        f"--run.dir={run_dir}",
-        *TRAIN_OVERRIDES,
-        f"--train.max_steps={steps}",
-    ]
+def overrides(run_dir: Path, steps: int) -> list[str]:
+    return [f"--run.dir={run_dir}", *TRAIN_OVERRIDES, f"--train.max_steps={steps}"]
 
 
 def timing(name: str, seconds: float) -> None:
@@ -76,19 +69,31 @@ def wait_training(slurm, run_dir: Path, out: Path, min_step: int = 20, timeout: 
 
 
 def submit_training(
-    slurm, tmp_path: Path, name: str, steps: int, *sbatch_args: str
+    slurm, tmp_path: Path, name: str, steps: int, *sbatch_args: str, launcher: str
 ) -> tuple[str, Path, Path]:
+    """Submit train.sbatch for the tiny model. launcher="train": TRUESTEP_CMD runs `truestep train`;
+    launcher="launch": the script's default command (`truestep launch tiny --nproc 1`, overrides as
+    the script's arguments)."""
     run_dir, out = tmp_path / "run", tmp_path / "job.out"
-    env = truestep_env({"TRUESTEP_CMD": shlex.join(train_argv(run_dir, steps))})
-    env = {k: v for k, v in env.items() if not k.startswith(("SLURM_", "SBATCH_"))} | {
-        "SLURM_CONF": slurm.env["SLURM_CONF"]
-    }
+    env = {k: v for k, v in truestep_env().items() if not k.startswith(("SLURM_", "SBATCH_", "TRUESTEP_"))}
+    env["SLURM_CONF"] = slurm.env["SLURM_CONF"]
+    script_args: tuple[str, ...] = ()
+    if launcher == "train":
+        env["TRUESTEP_CMD"] = shlex.join([*TRUESTEP, "train", "tiny", *overrides(run_dir, steps)])
+    elif len(TRUESTEP) == 1:
+        env.update(TRUESTEP_BIN=TRUESTEP[0], TRUESTEP_CONFIG="tiny", TRUESTEP_NPROC="1")
+        script_args = tuple(overrides(run_dir, steps))
+    else:
+        env["TRUESTEP_CMD"] = shlex.join(
+            [*TRUESTEP, "launch", "tiny", "--nproc", "1", *overrides(run_dir, steps)]
+        )
     job = slurm.submit(
         f"--job-name=ts-{name}",
         f"--output={out}",
         f"--chdir={tmp_path}",
         *sbatch_args,
         script=slurm.train_sbatch,
+        script_args=script_args,
         env=env,
     )
     return job, run_dir, out
@@ -102,16 +107,27 @@ def assert_bitwise(run_dir: Path, ref_dir: Path) -> None:
     assert final_digest(run_dir) == final_digest(ref_dir), "final param_digest differs from the reference"
 
 
-def assert_resumed(run_dir: Path) -> list[dict]:
-    restores = has_event(run_dir, "checkpoint_restore")
-    assert restores, "the requeued run did not restore a checkpoint"
-    first_attempt_steps = [m["step"] for m in read_jsonl(run_dir / "metrics.jsonl") if m.get("attempt") == 0]
-    assert first_attempt_steps and max(first_attempt_steps) < STEPS, "the first attempt was not interrupted"
-    return restores
+def first_attempt_steps(run_dir: Path) -> list[int]:
+    return [m["step"] for m in read_jsonl(run_dir / "metrics.jsonl") if m.get("attempt") == 0]
 
 
-def job_start_epoch(fields: dict[str, str]) -> float:
-    return datetime.fromisoformat(fields["StartTime"]).timestamp()  # scontrol prints local time
+def restores_after_first_attempt(run_dir: Path) -> list[dict]:
+    return [e for e in has_event(run_dir, "checkpoint_restore") if e.get("attempt", 0) >= 1]
+
+
+def assert_graceful_stop(run_dir: Path, out: Path, signals_ok: set[str]) -> dict:
+    """The trainer's side of the contract in the first attempt: it logged the signal, saved at the step
+    it stopped at, the launcher exited 75, and the next attempt restored exactly that checkpoint."""
+    seen = has_event(run_dir, "signal_received", attempt=0)
+    assert seen, f"the trainer logged no signal_received event\n{tail(out)}"
+    assert seen[0].get("signal") in signals_ok, seen[0]
+    stop_step = seen[0]["stop_step"]
+    assert max(first_attempt_steps(run_dir)) == stop_step, "the first attempt went on after it stopped"
+    assert has_event(run_dir, "checkpoint_save", attempt=0, step=stop_step), "no emergency checkpoint"
+    assert "launcher exited with 75" in out.read_text(), tail(out)
+    restores = restores_after_first_attempt(run_dir)
+    assert restores and restores[0].get("step") == stop_step, restores[:1]
+    return seen[0]
 
 
 # ---------------------------------------------------------------- fixtures
@@ -125,7 +141,10 @@ class Reference:
         self.log = run_dir.parent / "reference.log"
         with open(self.log, "w") as log:
             self.proc = subprocess.Popen(
-                train_argv(run_dir, STEPS), env=truestep_env(), stdout=log, stderr=subprocess.STDOUT
+                [*TRUESTEP, "train", "tiny", *overrides(run_dir, STEPS)],
+                env=truestep_env(),
+                stdout=log,
+                stderr=subprocess.STDOUT,
             )
 
     def result(self, timeout: float = 240) -> Path:
@@ -150,41 +169,11 @@ def reference(tmp_path_factory: pytest.TempPathFactory):
     ref.stop()
 
 
-@pytest.fixture(scope="module")
-def trainer_handles_signals(tmp_path_factory: pytest.TempPathFactory) -> bool:
-    """Probe the contract directly: does `truestep train` turn SIGTERM into an emergency save + exit 75?"""
-    run_dir = tmp_path_factory.mktemp("signal-probe") / "run"
-    proc = subprocess.Popen(
-        train_argv(run_dir, 100_000), env=truestep_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
-    try:
-        deadline = time.monotonic() + 120
-        while last_step(run_dir) < 3 and proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.2)
-        if proc.poll() is not None:
-            return False
-        proc.send_signal(signal.SIGTERM)
-        return proc.wait(timeout=120) == 75
-    except subprocess.TimeoutExpired:
-        return False
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(timeout=30)
-
-
-@pytest.fixture
-def signal_contract(request: pytest.FixtureRequest, trainer_handles_signals: bool) -> None:
-    """Until the trainer handles SIGTERM/SIGUSR1 the signal tests still run, as expected failures."""
-    if not trainer_handles_signals:
-        request.node.add_marker(pytest.mark.xfail(strict=False, reason=NEEDS_SIGNALS))
-
-
 # ---------------------------------------------------------------- tests
 
 
 def test_scontrol_requeue_resumes_bitwise(slurm, reference, tmp_path):
-    job, run_dir, out = submit_training(slurm, tmp_path, "requeue", STEPS)
+    job, run_dir, out = submit_training(slurm, tmp_path, "requeue", STEPS, launcher="train")
     diagnose = lambda: tail(out)  # noqa: E731
     slurm.wait_job(job, lambda j: j["JobState"] == "RUNNING", 60, "RUNNING", diagnose)
     wait_training(slurm, run_dir, out)
@@ -200,16 +189,17 @@ def test_scontrol_requeue_resumes_bitwise(slurm, reference, tmp_path):
 
     assert final["JobState"] == "COMPLETED", f"{final.get('JobState')} {final.get('ExitCode')}\n{tail(out)}"
     log = out.read_text()
-    assert "SLURM is already requeueing this job" in log, tail(out)
+    assert "-> requeued" in log and "SLURM is already requeueing this job" in log, tail(out)
     assert "decision: training finished" in log, tail(out)
-    assert_resumed(run_dir)
+    assert max(first_attempt_steps(run_dir)) < STEPS, "the first attempt was not interrupted"
+    assert restores_after_first_attempt(run_dir), "the requeued run did not restore a checkpoint"
     assert_bitwise(run_dir, reference.result())
 
 
-def test_preemption_by_high_partition_requeues_and_resumes_bitwise(
-    slurm, reference, signal_contract, tmp_path
-):
-    victim, run_dir, out = submit_training(slurm, tmp_path, "victim", STEPS, "--partition=debug")
+def test_preemption_by_high_partition_requeues_and_resumes_bitwise(slurm, reference, tmp_path):
+    victim, run_dir, out = submit_training(
+        slurm, tmp_path, "victim", STEPS, "--partition=debug", launcher="launch"
+    )
     diagnose = lambda: tail(out)  # noqa: E731
     slurm.wait_job(victim, lambda j: j["JobState"] == "RUNNING", 60, "RUNNING", diagnose)
     wait_training(slurm, run_dir, out)
@@ -229,60 +219,49 @@ def test_preemption_by_high_partition_requeues_and_resumes_bitwise(
         diagnose,
     )
     timing("high-partition submit -> victim running again", time.monotonic() - t0)
-    assert slurm.job(high).get("JobState") in {"RUNNING", "COMPLETED", "COMPLETING"}
+    assert slurm.job(high).get("JobState") in {"RUNNING", "COMPLETING", "COMPLETED"}
     final = slurm.wait_job(victim, lambda j: j["JobState"] in DONE, 240, "to finish", diagnose)
     assert final["JobState"] == "COMPLETED", f"{final.get('JobState')} {final.get('ExitCode')}\n{tail(out)}"
 
     log = out.read_text()
+    assert "DUE TO PREEMPTION" in log, tail(out)
     assert "received SIGTERM" in log and "-> requeued" in log, tail(out)
-    restores = assert_resumed(run_dir)
-    # The trainer's side of the contract: it saw the preemption, saved at the step it stopped, exited 75.
-    # With SlurmctldParameters=preempt_send_user_signal SLURM sends the job's own --signal (USR1 here) on
-    # preemption too, right before SIGTERM when the partition has no GraceTime: either may come first.
-    signals = has_event(run_dir, "signal_received", attempt=0)
-    assert signals, f"the trainer logged no signal_received event\n{tail(out)}"
-    assert signals[0].get("signal") in {"SIGTERM", "SIGUSR1"}, signals[0]
-    stop_step = signals[0]["stop_step"]
-    assert has_event(run_dir, "checkpoint_save", attempt=0, step=stop_step), "no emergency checkpoint"
-    assert "launcher exited with 75" in log, tail(out)
-    assert restores[0].get("step", stop_step) == stop_step, restores[0]
+    # With SlurmctldParameters=preempt_send_user_signal SLURM also sends the job's own --signal (USR1 here)
+    # on preemption, right before SIGTERM when the partition has no GraceTime: either may arrive first.
+    assert_graceful_stop(run_dir, out, {"SIGTERM", "SIGUSR1"})
     assert_bitwise(run_dir, reference.result())
 
 
-def test_time_limit_warning_usr1_reaches_trainer_which_requeues_itself(slurm, signal_contract, tmp_path):
-    # --signal=B:USR1@15 with --time=1: slurmctld checks limits every 30 s, so the warning arrives 15-45 s
-    # before the limit (15-45 s after the start); the run is long enough never to finish first.
-    lead = 15
+def test_time_limit_warning_usr1_reaches_trainer_which_requeues_itself(slurm, tmp_path):
+    # --time=1 with --signal=B:USR1@10: slurmctld looks at limits every 30 s, so the warning comes 10-40 s
+    # before the limit, i.e. 20-50 s after the start (later than a loaded machine needs to start the
+    # trainer: a USR1 before its handler exists kills it). The run never finishes on its own.
     job, run_dir, out = submit_training(
-        slurm, tmp_path, "warned", 1_000_000, "--time=1", f"--signal=B:USR1@{lead}"
+        slurm, tmp_path, "warned", 1_000_000, "--time=1", "--signal=B:USR1@10", launcher="launch"
     )
     diagnose = lambda: tail(out)  # noqa: E731
     running = slurm.wait_job(job, lambda j: j["JobState"] == "RUNNING", 60, "RUNNING", diagnose)
-    limit = job_start_epoch(running) + 60
+    limit = datetime.fromisoformat(running["StartTime"]).timestamp() + 60  # scontrol prints local time
 
     slurm.wait_for_line(out, r"received SIGUSR1", 90, diagnose)
     t0 = time.monotonic()
+    # Give the requeued run a long limit, so its own warning cannot race its start-up and restore.
+    slurm.run("scontrol", "update", f"JobId={job}", "TimeLimit=10")
     slurm.wait_job(
         job, lambda j: int(j["Restarts"]) >= 1 and j["JobState"] == "RUNNING", 90, "requeued itself", diagnose
     )
     timing("USR1 warning -> job running again", time.monotonic() - t0)
     slurm.wait_for(
-        lambda: [e for e in has_event(run_dir, "checkpoint_restore") if e.get("attempt", 0) >= 1],
-        90,
-        "the requeued run to restore a checkpoint",
-        diagnose=diagnose,
+        lambda: restores_after_first_attempt(run_dir), 90, "the requeued run to restore", diagnose=diagnose
     )
-    slurm.run("scancel", job)  # it would train (and be warned) for ever
+    slurm.run("scancel", job)  # it would train for ever
 
     log = out.read_text()
-    assert "decision:" in log and "requeueing (restart 1" in log, tail(out)
-    signals = has_event(run_dir, "signal_received", attempt=0)
-    assert signals, f"the trainer logged no signal_received event\n{tail(out)}"
-    assert "USR1" in str(signals[0].get("signal")), signals[0]
-    assert signals[0]["time"] < limit, f"warning at {signals[0]['time']:.1f}, after the limit {limit:.1f}"
-    timing("USR1 warning before the time limit by", limit - signals[0]["time"])
-    stop_step = signals[0]["stop_step"]
-    assert has_event(run_dir, "checkpoint_save", attempt=0, step=stop_step), "no emergency checkpoint"
-    assert "launcher exited with 75" in log and "graceful stop (exit 75)" in log, tail(out)
-    restore = [e for e in has_event(run_dir, "checkpoint_restore") if e.get("attempt", 0) >= 1][0]
-    assert restore.get("step", stop_step) == stop_step, restore
+    assert "graceful stop (exit 75); requeueing (restart 1" in log, tail(out)
+    assert "DUE TO TIME LIMIT" not in log, "the time limit struck before the warning was acted on"
+    assert has_event(run_dir, "supervisor_signal", signal="SIGUSR1"), "the launcher never got SIGUSR1"
+    seen = assert_graceful_stop(run_dir, out, {"SIGUSR1"})
+    assert seen["time"] < limit, (
+        f"the trainer saw the warning at {seen['time']:.1f}, after the limit {limit:.1f}"
+    )
+    timing("trainer saw USR1 before the time limit by", limit - seen["time"])

@@ -35,14 +35,20 @@ def _attempt_starts(run: RunLog) -> dict[int, float]:
 
 
 def badput(run: RunLog, violation: int | None) -> tuple[dict[str, float], float]:
-    restore = {e["attempt"]: e["restore_s"] for e in run.named("checkpoint_restore")}
+    restores = run.named("checkpoint_restore")
     starts = _attempt_starts(run)
     startup = 0.0
     for attempt, began in starts.items():
         lines = run.attempt_metrics(attempt)
         if lines:
             first_step_start = lines[0]["time"] - lines[0]["step_time"]
-            startup += max(0.0, first_step_start - began - restore.get(attempt, 0.0))
+            # Only the restore before the first step is part of start-up (not a later NaN rollback).
+            initial = sum(
+                e["restore_s"]
+                for e in restores
+                if e.get("attempt") == attempt and e["time"] <= first_step_start
+            )
+            startup += max(0.0, first_step_start - began - initial)
     faults = [e for e in run.named("fault_injected")]
     detection = 0.0
     for failure in run.named("failure_detected"):
@@ -63,7 +69,7 @@ def badput(run: RunLog, violation: int | None) -> tuple[dict[str, float], float]
     buckets = {
         "startup": startup,
         "checkpoint_blocking": sum(e.get("blocking_s", 0.0) for e in run.named("checkpoint_save")),
-        "restore": sum(restore.values()),
+        "restore": sum(e["restore_s"] for e in restores),
         "lost_work": sum(line["step_time"] for line in run.superseded),
         "detection": detection,
         "teardown": sum(e["teardown_s"] for e in run.named("teardown_complete")),

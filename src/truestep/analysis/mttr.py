@@ -17,7 +17,8 @@ class Incident:
     fault_time: float
     pre_fault_step: int
     phases_s: dict[str, float | None]
-    """detect, teardown, relaunch, restore, first_step (None where the run never got there)."""
+    """detect, teardown, relaunch, restore (relaunch -> state restored; None when the fault came before the
+    first checkpoint), first_step (None where the run never got there)."""
     mttr_s: float | None
     """fault -> first new step."""
     regain_s: float | None
@@ -43,7 +44,8 @@ def incidents(run: RunLog) -> list[Incident]:
     relaunches = [e["time"] for e in run.named("attempt_start")] or [
         e.get("process_start", e["time"]) for e in run.named("run_start")
     ]
-    restores = run.named("checkpoint_restore")
+    starts = run.named("run_start")
+    restores = {e["attempt"]: e for e in run.named("checkpoint_restore")}
     for fault in run.named("fault_injected"):
         if fault["kind"] not in PROCESS_FAULTS:
             continue
@@ -52,9 +54,19 @@ def incidents(run: RunLog) -> list[Incident]:
         t_detect = _first(agreed if graceful else detected, t0)
         t_down = _first(ends if graceful else down, t_detect)
         t_relaunch = _first(relaunches, t_down)
-        restore = next((e for e in restores if t_relaunch is not None and e["time"] >= t_relaunch), None)
-        t_restore = restore["time"] if restore else None
-        first_line = next((m for m in run.metrics if restore and m["attempt"] == restore["attempt"]), None)
+        # The attempt that took over; it restores a checkpoint unless the fault came before the first one.
+        successor = next((e for e in starts if t_relaunch is not None and e["time"] >= t_relaunch), None)
+        attempt = successor["attempt"] if successor else None
+        t_restore = restores[attempt]["time"] if attempt in restores else None
+        after = t_restore if t_restore is not None else t_relaunch
+        first_line = next(
+            (
+                m
+                for m in run.metrics
+                if attempt is not None and m["attempt"] == attempt and m["time"] >= after
+            ),
+            None,
+        )
         t_first = first_line["time"] if first_line else None
         pre = max((m["step"] for m in run.metrics if m["time"] <= t0), default=0)
         regained = next(
@@ -74,7 +86,7 @@ def incidents(run: RunLog) -> list[Incident]:
                     "teardown": span(t_detect, t_down),
                     "relaunch": span(t_down, t_relaunch),
                     "restore": span(t_relaunch, t_restore),
-                    "first_step": span(t_restore, t_first),
+                    "first_step": span(t_restore if t_restore is not None else t_relaunch, t_first),
                 },
                 mttr_s=span(t0, t_first),
                 regain_s=span(t0, regained),

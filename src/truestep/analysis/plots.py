@@ -19,12 +19,13 @@ matplotlib.use("Agg")  # before anything imports pyplot; the figures below never
 from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
+from matplotlib.ticker import FuncFormatter  # noqa: E402
 
 from truestep.analysis.fidelity import loss_bits  # noqa: E402
 from truestep.analysis.runlog import RunLog, finite_abs_diff  # noqa: E402
 
 DPI = 110
-_SAVE_KW: dict[str, Any] = {"dpi": DPI, "bbox_inches": "tight", "metadata": {"Software": None}}
+_SAVE_KW: dict[str, Any] = {"dpi": DPI, "metadata": {"Software": None}}
 
 # One color per timeline category, shared with the report's badput table wording.
 COLORS = {
@@ -76,7 +77,7 @@ def _fault_steps(run: RunLog) -> list[tuple[int, str]]:
 def plot_loss(ref: RunLog, run: RunLog, path: Path | str, title: str | None = None) -> Path:
     """Loss vs step: the reference, the run's final trajectory, its superseded (lost-work) points faintly,
     fault steps and resume steps as vertical markers."""
-    fig = Figure(figsize=(9, 4.2))
+    fig = Figure(figsize=(9, 4.2), layout="constrained")
     ax = fig.add_subplot()
     ref_steps = list(ref.trajectory)
     ax.plot(
@@ -177,7 +178,8 @@ def plot_deviation(
     steps, dloss, dgrad, missing = _deviations(ref, run)
     threshold = margin * floor_value
     positive = [d for d in dloss + dgrad + [threshold] if 0 < d < math.inf]
-    eps = min(positive) / 100 if positive else 1e-9
+    # ε: a power of ten two decades below the smallest nonzero value, so its tick can read "0".
+    eps = 10.0 ** math.floor(math.log10(min(positive) / 100)) if positive else 1e-9
     top = max(positive) * 20 if positive else 1e-6
     if violation is None:
         bad = [s for s, d in zip(steps, dloss, strict=True) if d > threshold] + missing
@@ -193,7 +195,7 @@ def plot_deviation(
     def shown(values: list[float]) -> list[float]:
         return [eps if v == 0 else min(v, top) for v in values]
 
-    fig = Figure(figsize=(9, 4.2))
+    fig = Figure(figsize=(9, 4.2), layout="constrained")
     ax = fig.add_subplot()
     ax.set_yscale("log")
     if threshold > 0:
@@ -263,8 +265,13 @@ def plot_deviation(
     if violation is not None:
         ax.axvline(violation, color="#c62828", lw=1.6, label=f"first violation (step {violation})")
     ax.set_ylim(eps / 3, top * 3)
+    ax.yaxis.set_major_formatter(
+        FuncFormatter(
+            lambda y, _pos: "0" if math.isclose(y, eps, rel_tol=1e-6) else f"$10^{{{round(math.log10(y))}}}$"
+        )
+    )
     ax.set_xlabel("step")
-    ax.set_ylabel(f"|Δ| vs reference (0 drawn at ε={eps:.1g})")
+    ax.set_ylabel(f"|Δ| vs reference (0 = bitwise, drawn at {eps:.0e})")
     ax.set_title(title or f"deviation from the reference: {run.path.name}")
     ax.grid(alpha=0.3, which="major")
     ax.legend(loc="upper left", fontsize=8)
@@ -365,7 +372,7 @@ def plot_timeline(
             add("requeue_wait", nxt, max(prev_times), began)
 
     n = max(1, len(rows))
-    fig = Figure(figsize=(10, 1.2 + 0.75 * n))
+    fig = Figure(figsize=(10, 1.2 + 0.75 * n), layout="constrained")
     ax = fig.add_subplot()
     order = [
         "requeue_wait",
@@ -445,7 +452,7 @@ def plot_timeline(
 def plot_ablation(summary: dict[str, Any], path: Path | str) -> Path:
     """Correct vs plain goodput (tokens/s) per ablation cell, flagged cells marked."""
     cells = summary.get("ablation") or []
-    fig = Figure(figsize=(9, 1.4 + 0.55 * max(1, len(cells))))
+    fig = Figure(figsize=(9, 1.4 + 0.55 * max(1, len(cells))), layout="constrained")
     ax = fig.add_subplot()
     if not cells:
         ax.text(
@@ -492,5 +499,5 @@ def plot_ablation(summary: dict[str, Any], path: Path | str) -> Path:
     ax.set_xlabel("tokens / s")
     ax.set_title("ablation: plain vs correct goodput per cell")
     ax.grid(axis="x", alpha=0.3)
-    ax.legend(loc="lower right", fontsize=8)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
     return _save(fig, path)

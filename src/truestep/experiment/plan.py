@@ -12,6 +12,7 @@ Directory layout:
 from __future__ import annotations
 
 import json
+import math
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -100,23 +101,34 @@ def summarize(out: Path, margin: float = DEFAULT_MARGIN) -> dict[str, Any]:
         "runs": {name: analyze(run, ref, base, margin) for name, run in runs.items()},
     }
     summary["ablation"] = [
-        {
-            "row": row,
-            "mode": mode,
-            "run": f"ablation-{row}-{mode}",
-            "flagged": not summary["runs"][f"ablation-{row}-{mode}"]["preserving"],
-            "first_divergent_step": summary["runs"][f"ablation-{row}-{mode}"]["fidelity"][
-                "first_divergent_step"
-            ],
-            "first_violation_step": summary["runs"][f"ablation-{row}-{mode}"]["first_violation_step"],
-            "plain_tokens_per_s": summary["runs"][f"ablation-{row}-{mode}"]["goodput"]["plain_tokens_per_s"],
-            "correct_tokens_per_s": summary["runs"][f"ablation-{row}-{mode}"]["goodput"][
-                "correct_tokens_per_s"
-            ],
-        }
+        _ablation_cell(row, mode, summary["runs"][f"ablation-{row}-{mode}"])
         for row in ABLATION_ROWS
         for mode in ABLATION_MODES
         if f"ablation-{row}-{mode}" in summary["runs"]
     ]
-    (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
+    (out / "summary.json").write_text(json.dumps(_strict_json(summary), indent=1, default=str))
     return summary
+
+
+def _ablation_cell(row: str, mode: str, result: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "row": row,
+        "mode": mode,
+        "run": f"ablation-{row}-{mode}",
+        "flagged": not result["preserving"],
+        "first_divergent_step": result["fidelity"]["first_divergent_step"],
+        "first_violation_step": result["first_violation_step"],
+        "plain_tokens_per_s": result["goodput"]["plain_tokens_per_s"],
+        "correct_tokens_per_s": result["goodput"]["correct_tokens_per_s"],
+    }
+
+
+def _strict_json(value: Any) -> Any:
+    """Non-finite floats (a NaN loss, an infinite deviation) as strings, so strict readers parse it."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {k: _strict_json(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_strict_json(v) for v in value]
+    return value

@@ -14,6 +14,7 @@ import os
 import shutil
 import time
 import warnings
+from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -180,17 +181,23 @@ def load_model_tensors(
     return into
 
 
-def shape_problems(meta: dict[str, TensorMeta], expected: dict[str, tuple[int, ...]]) -> list[str]:
-    """Differences between stored tensors and the expected {fqn: shape}, one line per key."""
+def shape_problems(
+    meta: dict[str, TensorMeta],
+    expected: dict[str, tuple[int, ...]],
+    name: Callable[[str], str] = str,
+    stored: str = "checkpoint",
+    wanted: str = "model expects",
+) -> list[str]:
+    """Differences between stored tensors and the expected {fqn: shape}, one line per key (named by `name`)."""
     problems = []
     for fqn, shape in expected.items():
         if fqn not in meta:
-            problems.append(f"{fqn}: missing from the checkpoint (model expects {list(shape)})")
+            problems.append(f"{name(fqn)}: missing from the {stored} ({wanted} {list(shape)})")
         elif meta[fqn].shape != tuple(shape):
-            problems.append(f"{fqn}: checkpoint has {list(meta[fqn].shape)}, model expects {list(shape)}")
+            problems.append(f"{name(fqn)}: {stored} has {list(meta[fqn].shape)}, {wanted} {list(shape)}")
     for fqn in meta:
         if fqn not in expected:
-            problems.append(f"{fqn}: in the checkpoint but not a parameter of the model")
+            problems.append(f"{name(fqn)}: in the {stored} but not a parameter of the model")
     return problems
 
 

@@ -379,15 +379,9 @@ def import_hf(hf_dir: Path, out: Path) -> dict[str, Any]:
     elif "output.weight" not in tensors:
         raise InteropError(f"{hf_dir}: lm_head.weight missing although tie_word_embeddings is false")
     meta = {fqn: TensorMeta(tuple(t.shape), t.dtype) for fqn, t in tensors.items()}
-    problems = shape_problems(meta, expected_shapes(cfg))
+    problems = shape_problems(meta, expected_shapes(cfg), to_hf, "safetensors", f"{CONFIG} implies")
     if problems:
-        raise InteropError(
-            f"{hf_dir}: the weights do not match {CONFIG}:\n  "
-            + "\n  ".join(
-                p.replace("checkpoint", "file").replace("model expects", "config implies")
-                for p in problems[:20]
-            )
-        )
+        raise InteropError(f"{hf_dir}: the weights do not match {CONFIG}:\n  " + "\n  ".join(problems[:20]))
     state = {fqn: t.to(torch.float32).contiguous() for fqn, t in tensors.items()}
     if cfg.tie_embeddings:
         state["output.weight"] = state["tok_embeddings.weight"]

@@ -34,7 +34,6 @@ def read_heartbeat(path: Path) -> dict[str, Any] | None:
 
 class HeartbeatHook:
     def __init__(self) -> None:
-        self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     def on_start(self, trainer: Trainer) -> None:
@@ -50,7 +49,7 @@ class HeartbeatHook:
 
     def _beat(self, trainer: Trainer, path: Path, interval: float) -> None:
         tmp = path.with_name(f".{path.name}.tmp")
-        while not self._stop.is_set():
+        while True:
             record = {
                 "pid": os.getpid(),
                 "rank": trainer.ctx.rank,
@@ -60,10 +59,13 @@ class HeartbeatHook:
             }
             tmp.write_text(json.dumps(record))
             os.replace(tmp, path)
-            self._stop.wait(interval)
+            time.sleep(interval)
 
     def after_step(self, trainer: Trainer, result: StepResult) -> None:
         pass
 
     def on_end(self, trainer: Trainer) -> None:
-        self._stop.set()
+        # Keep beating until the process exits: shutdown (final digest, process-group teardown,
+        # interpreter exit) can take seconds, and a silent rank would look hung. The supervisor bounds
+        # the shutdown phase separately.
+        pass

@@ -116,10 +116,12 @@ class Supervisor:
         return procs
 
     def _check_heartbeats(
-        self, procs: list[subprocess.Popen], progress: dict[int, tuple[int, float]]
+        self, procs: list[subprocess.Popen], progress: dict[int, tuple[int, str, float]]
     ) -> Failure | None:
+        """Liveness for every phase; progress only while training; a bound on shutdown."""
         r = self.cfg.resilience
         now = time.time()
+        shutdown_limit = r.collective_timeout_s + 30.0
         for local, proc in enumerate(procs):
             rank = self.spec.node_rank * self.spec.nproc + local
             beat = read_heartbeat(heartbeat_path(self.run_dir, rank))
@@ -128,19 +130,20 @@ class Supervisor:
             age = now - beat["time"]
             if age > r.liveness_timeout_s:
                 return Failure("stale_heartbeat", rank, f"no heartbeat for {age:.1f}s (stopped or hung)")
-            step, since = progress.get(rank, (beat["step"], now))
-            if beat["step"] != step or beat["phase"] != "train":
-                progress[rank] = (beat["step"], now)
-            elif now - since > r.hang_timeout_s:
+            step, phase, since = progress.get(rank, (beat["step"], beat["phase"], now))
+            if (beat["step"], beat["phase"]) != (step, phase):
+                step, phase, since = beat["step"], beat["phase"], now
+            progress[rank] = (step, phase, since)
+            if phase == "train" and now - since > r.hang_timeout_s:
                 return Failure("no_progress", rank, f"step {step} has not advanced for {now - since:.1f}s")
-            else:
-                progress[rank] = (step, since)
+            if phase == "shutdown" and now - since > shutdown_limit:
+                return Failure("stuck_in_shutdown", rank, f"still shutting down after {now - since:.1f}s")
         return None
 
     def _watch(self, procs: list[subprocess.Popen]) -> tuple[str, Failure | None]:
         """Return ("completed" | "requeue" | "failed", failure)."""
         forwarded = False
-        progress: dict[int, tuple[int, float]] = {}
+        progress: dict[int, tuple[int, str, float]] = {}
         ok_codes = {0, self.requeue_code, self.requeue_code + 1}
         while True:
             if self.signalled and not forwarded:

@@ -1,0 +1,314 @@
+"""The report (analysis/report.py, analysis/plots.py) on small hand-made experiment directories.
+
+No training happens here: the run directories are written line by line, shaped like what the trainer,
+the supervisor and the fault hooks write, so the numbers the report must show are known exactly.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("matplotlib")
+
+from truestep.analysis.report import fmt_rate, fmt_seconds, render_run_text, run_verdict, write_report  # noqa: E402
+from truestep.analysis.runlog import RunLog  # noqa: E402
+from truestep.experiment.plan import summarize  # noqa: E402
+
+T0 = 1000.0
+STEP_S = 0.1
+BLOCKING_S = 0.02
+TOKENS = 64
+STEPS = 10
+SAVE_AT = 5
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def loss_at(step: int) -> float:
+    return 4.0 - 0.25 * step + 0.01 * (step % 3)
+
+
+def grad_at(step: int) -> float:
+    return 1.0 + 0.05 * step
+
+
+class RunWriter:
+    """Builds one run directory on a simulated wall clock."""
+
+    def __init__(self) -> None:
+        self.metrics: list[dict[str, Any]] = []
+        self.events: list[dict[str, Any]] = []
+        self.now = T0
+
+    def sup(self, event: str, **fields: Any) -> None:
+        self.events.append({"time": self.now, "source": "supervisor", "node": 0, "event": event, **fields})
+
+    def ev(self, attempt: int, event: str, **fields: Any) -> None:
+        self.events.append({"time": self.now, "attempt": attempt, "event": event, **fields})
+
+    def launch(self, attempt: int, startup: float = 1.0) -> None:
+        self.sup("attempt_start", restart=attempt, pids=[1234 + attempt], master_port=29500)
+        began = self.now
+        self.now += startup / 2
+        self.ev(attempt, "run_start", process_start=began, start_step=0)
+        self.now = began + startup
+
+    def steps(self, attempt: int, first: int, last: int, perturb: dict[int, float] | None = None) -> None:
+        perturb = perturb or {}
+        for step in range(first, last + 1):
+            self.now += STEP_S
+            self.metrics.append(
+                {
+                    "time": self.now,
+                    "attempt": attempt,
+                    "step": step,
+                    "loss": loss_at(step) + perturb.get(step, 0.0),
+                    "grad_norm": grad_at(step),
+                    "lr": 1e-3,
+                    "tokens_seen": TOKENS * step,
+                    "step_time": STEP_S,
+                }
+            )
+            if step == SAVE_AT:
+                self.now += BLOCKING_S
+                self.ev(
+                    attempt,
+                    "checkpoint_save",
+                    step=step,
+                    reason="interval",
+                    blocking_s=BLOCKING_S,
+                    param_digest=f"digest-{step}",
+                )
+
+    def end(self, attempt: int, digest: str = "digest-final") -> None:
+        self.now += 0.01
+        self.ev(attempt, "run_end", step=STEPS, reason="completed", param_digest=digest)
+        self.now += 0.01
+        self.sup("supervisor_end", outcome="completed", restarts=attempt)
+
+    def write(self, run_dir: Path) -> Path:
+        run_dir.mkdir(parents=True)
+        (run_dir / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in self.metrics))
+        (run_dir / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in self.events))
+        return run_dir
+
+
+def clean_run(perturb: dict[int, float] | None = None) -> RunWriter:
+    w = RunWriter()
+    w.sup("supervisor_start", nproc=1, nnodes=1, max_restarts=3)
+    w.launch(0)
+    w.steps(0, 1, STEPS, perturb)
+    w.end(0)
+    return w
+
+
+# The faulted shape: attempt 0 runs steps 1..6 (saves at 5), a kill lands after step 6, the supervisor
+# detects it DETECT_S later, tears down in TEARDOWN_S, relaunches after RELAUNCH_S; attempt 1 restores
+# step 5 (RESTORE_S) and recomputes 6..10.
+DETECT_S, TEARDOWN_S, RELAUNCH_S, STARTUP_S, RESTORE_S = 0.3, 0.1, 0.05, 1.0, 0.2
+
+
+def faulted_run(
+    after_resume: dict[int, float] | None = None, digest: str = "digest-final"
+) -> tuple[RunWriter, dict]:
+    w = RunWriter()
+    w.sup("supervisor_start", nproc=1, nnodes=1, max_restarts=3)
+    w.launch(0)
+    w.steps(0, 1, 6)
+    w.now += 0.01
+    fault_time = w.now
+    w.events.append(
+        {
+            "time": w.now,
+            "source": "fault",
+            "event": "fault_injected",
+            "kind": "kill",
+            "point": "after_step",
+            "step": 6,
+            "rank": 0,
+            "spec": "kill:rank=0:step=6",
+        }
+    )
+    w.now += DETECT_S
+    w.sup(
+        "failure_detected",
+        kind="process_exit",
+        rank=0,
+        detail="exit codes {0: -9}",
+        exit_codes={"0": -9},
+        detected_at=w.now,
+    )
+    w.now += TEARDOWN_S
+    w.sup("teardown_complete", teardown_s=TEARDOWN_S)
+    w.sup("restart", restart=1, after="failed")
+    w.now += RELAUNCH_S
+    relaunch = w.now
+    w.sup("attempt_start", restart=1, pids=[2000], master_port=29501)
+    w.now += STARTUP_S / 2
+    w.ev(1, "run_start", process_start=relaunch, start_step=0)
+    w.now = relaunch + STARTUP_S - RESTORE_S
+    w.now += RESTORE_S
+    w.ev(1, "checkpoint_restore", path="ckpt/step_5", restore_s=RESTORE_S, step=SAVE_AT, layout_changed=False)
+    restored = w.now
+    w.steps(1, 6, STEPS, after_resume)
+    w.end(1, digest)
+    first_new_step_time = restored + STEP_S
+    expected = {
+        "fault_time": fault_time,
+        "mttr_s": first_new_step_time - fault_time,
+        "phases": {
+            "detect": DETECT_S,
+            "teardown": TEARDOWN_S,
+            "relaunch": RELAUNCH_S,
+            "restore": (restored - relaunch),
+            "first_step": STEP_S,
+        },
+    }
+    return w, expected
+
+
+def make_experiment(
+    out: Path, floor_perturb: dict[int, float] | None = None, faulted_perturb: dict[int, float] | None = None
+) -> dict:
+    runs: dict[str, RunWriter] = {"reference": clean_run(), "floor": clean_run(floor_perturb)}
+    runs["faulted"], expected = faulted_run(faulted_perturb)
+    runs["ablation-all-on-hard"], _ = faulted_run()
+    runs["ablation-rng-restore-off-hard"], _ = faulted_run(
+        {s: 1e-3 * (s - 5) for s in range(6, STEPS + 1)}, digest="digest-other"
+    )
+    for name, w in runs.items():
+        w.write(out / "runs" / name)
+    (out / "experiment.json").write_text(json.dumps({"jobs": [{"name": n} for n in runs]}))
+    return expected
+
+
+def strip_data_uris(text: str) -> str:
+    return re.sub(r"data:image/png;base64,[A-Za-z0-9+/=]+", "", text)
+
+
+def test_report_on_exact_floor(tmp_path: Path) -> None:
+    expected = make_experiment(tmp_path)
+    summary = summarize(tmp_path)
+    runs = summary["runs"]
+
+    # The analysis itself, on numbers known by construction.
+    assert summary["floor"] == {"max_dloss": 0.0, "max_dgrad_norm": 0.0, "bitwise": True}
+    faulted = runs["faulted"]
+    assert faulted["preserving"] and faulted["fidelity"]["first_divergent_step"] is None
+    assert faulted["fidelity"]["fraction_bitwise_equal"] == 1.0
+    assert faulted["fidelity"]["final_digest_equal"] is True
+    assert faulted["restarts"] == 1
+    (incident,) = faulted["mttr"]
+    assert incident["kind"] == "kill" and incident["pre_fault_step"] == 6
+    assert incident["mttr_s"] == pytest.approx(expected["mttr_s"])
+    for phase, value in expected["phases"].items():
+        assert incident["phases_s"][phase] == pytest.approx(value), phase
+    gp = faulted["goodput"]
+    assert gp["badput_s"]["lost_work"] == pytest.approx(STEP_S)
+    assert gp["badput_s"]["detection"] == pytest.approx(DETECT_S)
+    assert gp["badput_s"]["teardown"] == pytest.approx(TEARDOWN_S)
+    assert gp["badput_s"]["restore"] == pytest.approx(RESTORE_S)
+    assert gp["useful_s"] + sum(gp["badput_s"].values()) == pytest.approx(gp["wall_s"])
+    diverged = runs["ablation-rng-restore-off-hard"]
+    assert diverged["fidelity"]["first_divergent_step"] == 6
+    assert diverged["first_violation_step"] == 6
+    cells = {(c["row"], c["mode"]): c for c in summary["ablation"]}
+    assert cells[("rng-restore-off", "hard")]["flagged"] is True
+    assert cells[("all-on", "hard")]["flagged"] is False
+
+    md_path, html_path = write_report(tmp_path)
+    assert (md_path, html_path) == (tmp_path / "report.md", tmp_path / "report.html")
+    md = md_path.read_text()
+    assert "**PASS.**" in md
+    assert "**Recovery was correct:**" in md and "bitwise equal to the reference on all 10 steps" in md
+    assert "| `faulted` | 1 | 1 | bitwise |" in md
+    assert "| `ablation-rng-restore-off-hard` | 1 | 1 | VIOLATED at step 6 | 6 | 6 |" in md
+    assert "**FLAGGED** (diverged at 6, violation at 6)" in md
+    assert "rng-restore-off/hard (step 6)" in md
+    assert fmt_seconds(incident["mttr_s"]) in md
+    assert fmt_rate(gp["correct_tokens_per_s"]) in md
+    assert "## Checkpoint overhead" in md and "## Ablation" in md and "## Floor" in md
+
+    # Every image the Markdown links exists and is a real PNG.
+    links = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", md)
+    names = {Path(link).name for link in links}
+    for name in (
+        "loss-faulted.png",
+        "deviation-faulted.png",
+        "timeline-faulted.png",
+        "deviation-floor.png",
+        "deviation-ablation-rng-restore-off-hard.png",
+        "ablation.png",
+    ):
+        assert name in names, name
+    for link in links:
+        png = tmp_path / link
+        data = png.read_bytes()
+        assert data[:8] == PNG_MAGIC and len(data) > 1000, link
+
+    html = html_path.read_text()
+    assert html.count("data:image/png;base64,") == len(links)
+    rest = strip_data_uris(html)
+    assert "http" not in rest
+    assert "<link" not in rest and "<script" not in rest and "url(" not in rest
+    sources = re.findall(r'(?:src|href)="([^"]*)"', html)
+    assert len(sources) == len(links) and all(src.startswith("data:image/png;base64,") for src in sources)
+    assert "VIOLATED at step 6" in rest and "<table>" in rest
+
+
+def test_report_on_measured_floor(tmp_path: Path) -> None:
+    """A nonzero floor: the faulted run differs bitwise but stays within margin x floor."""
+    make_experiment(tmp_path, floor_perturb={3: 1e-5, 8: -1e-5}, faulted_perturb={7: 1.5e-5})
+    summary = summarize(tmp_path)
+    faulted = summary["runs"]["faulted"]
+    assert not summary["floor"]["bitwise"]
+    assert faulted["fidelity"]["first_divergent_step"] == 7 and faulted["preserving"]
+    assert run_verdict(faulted) == "within floor"
+    md_path, html_path = write_report(tmp_path, summary)
+    md = md_path.read_text()
+    assert "**Recovery was correct within the floor:**" in md
+    assert "first bitwise difference at step 7" in md
+    assert (tmp_path / "plots" / "deviation-faulted.png").read_bytes()[:8] == PNG_MAGIC
+    assert "http" not in strip_data_uris(html_path.read_text())
+
+
+def test_render_run_text(tmp_path: Path) -> None:
+    make_experiment(tmp_path)
+    summary = summarize(tmp_path)
+    text = render_run_text("faulted", summary["runs"]["faulted"])
+    assert text.splitlines()[0].startswith("faulted: bitwise")
+    assert "kill at step 6" in text and "resume@5" in text and "lost work" in text
+    only = render_run_text(
+        "ablation-rng-restore-off-hard",
+        summary["runs"]["ablation-rng-restore-off-hard"],
+        sections=["fidelity"],
+    )
+    assert "VIOLATED at step 6" in only and "first divergent 6" in only and "goodput" not in only
+    with pytest.raises(ValueError):
+        render_run_text("x", {}, sections=["nope"])
+    assert render_run_text("ref", {"goodput": summary["runs"]["reference"]["goodput"]}).startswith(
+        "ref: no reference"
+    )
+
+
+def test_plots_edge_cases(tmp_path: Path) -> None:
+    from truestep.analysis import plots
+
+    empty = plots.plot_ablation({"ablation": []}, tmp_path / "empty.png")
+    assert empty.read_bytes()[:8] == PNG_MAGIC
+    # A run that stops early with a NaN loss: missing steps and a non-finite deviation still draw.
+    ref = clean_run()
+    short = RunWriter()
+    short.launch(0)
+    short.steps(0, 1, 4)
+    short.metrics[-1]["loss"] = math.nan
+    ref_log = RunLog.load(ref.write(tmp_path / "ref"))
+    short_log = RunLog.load(short.write(tmp_path / "short"))
+    out = plots.plot_deviation(ref_log, short_log, 0.0, 2.0, tmp_path / "dev.png")
+    assert out.read_bytes()[:8] == PNG_MAGIC
+    assert plots.plot_timeline(short_log, tmp_path / "tl.png").stat().st_size > 1000
