@@ -20,10 +20,10 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
+# The main job: the instrument end to end on the built-in default (runs/demo is recreated each time).
 demo: setup
-	OMP_NUM_THREADS=1 $(BIN)/python -m torch.distributed.run --standalone --nproc-per-node=$(NPROC) \
-		-m truestep train tiny --run.dir=runs/demo
-	@echo "run directory: runs/demo (metrics.jsonl, events.jsonl, checkpoints/); run again to resume"
+	rm -rf runs/demo
+	OMP_NUM_THREADS=1 $(BIN)/truestep demo --out runs/demo
 
 lint: setup
 	$(BIN)/ruff check src tests benchmarks

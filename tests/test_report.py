@@ -1,4 +1,4 @@
-"""The report (analysis/report.py, analysis/plots.py) on small hand-made experiment directories.
+"""The report (analysis/report/, its figures in analysis/report/plots/) on small hand-made experiment directories.
 
 No training happens here: the run directories are written line by line, shaped like what the trainer,
 the supervisor and the fault hooks write, so the numbers the report must show are known exactly.
@@ -297,7 +297,7 @@ def test_render_run_text(tmp_path: Path) -> None:
 
 
 def test_plots_edge_cases(tmp_path: Path) -> None:
-    from truestep.analysis import plots
+    from truestep.analysis.report import plots
 
     empty = plots.plot_ablation({"ablation": []}, tmp_path / "empty.png")
     assert empty.read_bytes()[:8] == PNG_MAGIC

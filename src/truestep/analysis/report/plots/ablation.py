@@ -1,0 +1,64 @@
+"""Plain vs correct goodput per ablation cell."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from matplotlib.figure import Figure
+
+from truestep.analysis.report.plots.style import save_figure
+
+
+def plot_ablation(summary: dict[str, Any], path: Path | str) -> Path:
+    """Correct vs plain goodput (tokens/s) per ablation cell, flagged cells marked."""
+    cells = summary.get("ablation") or []
+    fig = Figure(figsize=(9, 1.4 + 0.55 * max(1, len(cells))), layout="constrained")
+    ax = fig.add_subplot()
+    if not cells:
+        ax.text(
+            0.5, 0.5, "no ablation cells in this experiment", ha="center", va="center", transform=ax.transAxes
+        )
+        ax.set_axis_off()
+        return save_figure(fig, path)
+    ys = list(range(len(cells)))
+    h = 0.38
+    plain = [c.get("plain_tokens_per_s") or 0.0 for c in cells]
+    correct = [c.get("correct_tokens_per_s") or 0.0 for c in cells]
+    ax.barh([y - h / 2 for y in ys], plain, height=h, color="#90a4ae", label="plain goodput")
+    edge = ["#c62828" if c.get("flagged") else "none" for c in cells]
+    ax.barh(
+        [y + h / 2 for y in ys],
+        correct,
+        height=h,
+        color="#43a047",
+        edgecolor=edge,
+        lw=1.2,
+        label="correct goodput",
+    )
+    right = max(plain + correct + [1e-9])
+    for y, c in zip(ys, cells, strict=True):
+        if c.get("flagged"):
+            where = c.get("first_violation_step")
+            text = f"FLAGGED (violation at step {where})" if where is not None else "FLAGGED"
+            color = "#c62828"
+        else:
+            text, color = "ok", "#2e7d32"
+        ax.annotate(
+            text,
+            (right, y),
+            xytext=(6, 0),
+            textcoords="offset points",
+            va="center",
+            fontsize=8,
+            color=color,
+            fontweight="bold",
+        )
+    ax.set_yticks(ys, [f"{c['row']} / {c['mode']}" for c in cells])
+    ax.set_ylim(len(cells) - 0.5, -0.6)
+    ax.set_xlim(0, right * 1.45)
+    ax.set_xlabel("tokens / s")
+    ax.set_title("ablation: plain vs correct goodput per cell")
+    ax.grid(axis="x", alpha=0.3)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
+    return save_figure(fig, path)
