@@ -18,8 +18,9 @@ records carry their `attempt`, the supervisor's `source: supervisor`) and the fa
                                                       which includes the emergency save and commit)
   relaunch     teardown end -> next attempt_start    (sigterm: supervisor exit -> new supervisor's
                                                       attempt_start, including its own start-up)
-  restored     attempt_start -> checkpoint_restore of the new attempt (process start, imports,
-               rendezvous, model build, verify, load); verify_s and restore_s are the events' own
+  restored     attempt_start -> checkpoint_restore of the new attempt, split (rank 0's view) into: spawn
+               -> truestep imported (run_start.process_start), -> start of verify (torch import,
+               rendezvous, model build), verify_s and restore_s (the events' own)
   first step   checkpoint_restore -> first metrics line of the new attempt
   MTTR         fault -> first metrics line of the new attempt
   regained     fault -> the new attempt's metrics reach the last step completed before the fault
@@ -65,6 +66,8 @@ PHASES = (
     ("teardown", "teardown", "{:.2f}"),
     ("relaunch", "relaunch (-> attempt_start)", "{:.2f}"),
     ("restored", "attempt_start -> restored", "{:.2f}"),
+    ("spawn", "  of which spawn -> truestep imported", "{:.2f}"),
+    ("build", "  of which torch, rendezvous, build", "{:.2f}"),
     ("verify_s", "  of which verify_s", "{:.3f}"),
     ("restore_s", "  of which restore_s", "{:.3f}"),
     ("first_step", "restored -> first new step", "{:.2f}"),
@@ -140,7 +143,7 @@ def wait_for_step(run_dir: Path, rank: int, step: int, job: Job, timeout: float)
     raise RuntimeError(f"rank {rank} never reached step {step}")
 
 
-def trial(kind: str, run_dir: Path, args: argparse.Namespace, overrides: list[str]) -> dict[str, float]:
+def trial(kind: str, run_dir: Path, args: argparse.Namespace, overrides: list[str]) -> dict[str, Any]:
     log = run_dir / "launch.log"
     job = Job(run_dir, args, overrides, log)
     try:
@@ -165,12 +168,12 @@ def trial(kind: str, run_dir: Path, args: argparse.Namespace, overrides: list[st
     return phases(kind, run_dir, fault_t, exit_t, beat["step"])
 
 
-def phases(kind: str, run_dir: Path, fault_t: float, exit_t: float, fault_step: int) -> dict[str, float]:
+def phases(kind: str, run_dir: Path, fault_t: float, exit_t: float, fault_step: int) -> dict[str, Any]:
     events = read_jsonl(run_dir / "events.jsonl")
     metrics = read_jsonl(run_dir / "metrics.jsonl")
     sup = [e for e in events if e.get("source") == "supervisor"]
     trainer = [e for e in events if e.get("source") != "supervisor"]
-    out: dict[str, float] = {"fault_step": fault_step}
+    out: dict[str, Any] = {"fault_step": fault_step, "notes": []}
     if kind == "sigterm":
         stop = first([e for e in trainer if e["event"] == "signal_received"], "signal_received")
         out["detect"] = stop["time"] - fault_t
@@ -184,33 +187,70 @@ def phases(kind: str, run_dir: Path, fault_t: float, exit_t: float, fault_step: 
         )
         out["detect"] = failure["detected_at"] - fault_t
         out["teardown"] = teardown["teardown_s"]
-        out["kind"] = failure["kind"]  # type: ignore[assignment]
-        out["rank"] = failure["rank"]
+        out["notes"].append(f"{failure['kind']} on rank {failure['rank']}")
         relaunched_after = teardown["time"]
     attempt = first(
         [e for e in sup if e["event"] == "attempt_start" and e["time"] > relaunched_after],
         "a new attempt_start",
     )
-    restored = first(
-        [e for e in trainer if e["event"] == "checkpoint_restore" and e["time"] > attempt["time"]],
-        "checkpoint_restore in the new attempt",
+    out["relaunch"] = attempt["time"] - relaunched_after
+    # The trainer attempt that took over: the first one after the relaunch that got to run_start (a
+    # later one if that attempt failed too, which is then part of the recovery time).
+    started = first(
+        [e for e in trainer if e["event"] == "run_start" and e["time"] > attempt["time"]],
+        "run_start after the relaunch",
     )
-    new = restored["attempt"]
+    new = started["attempt"]
+    extra = [
+        e for e in sup if e["event"] == "failure_detected" and attempt["time"] < e["time"] < started["time"]
+    ]
+    if extra:
+        out["notes"].append(f"{len(extra)} more failure(s) before it ran: {[e['kind'] for e in extra]}")
+    restored = [e for e in trainer if e["event"] == "checkpoint_restore" and e.get("attempt") == new]
+    ready_t = restored[0]["time"] if restored else started["time"]
+    if restored:
+        out["restored"] = restored[0]["time"] - attempt["time"]
+        out["restore_s"] = restored[0]["restore_s"]
+        restored_step = restored[0]["step"]
+    else:
+        out["notes"].append("fresh start: no committed checkpoint at the fault (async commit still pending)")
+        restored_step = 0
     verified = [e for e in trainer if e["event"] == "checkpoint_verified" and e.get("attempt") == new]
+    if verified:
+        out["verify_s"] = verified[0]["verify_s"]
+    began = started.get("process_start")  # when rank 0 imported truestep (before torch)
+    if began is not None:
+        out["spawn"] = began - attempt["time"]
+        if verified:
+            out["build"] = verified[0]["time"] - verified[0]["verify_s"] - began
     new_metrics = [m for m in metrics if m.get("attempt") == new]
     before = [m["step"] for m in metrics if m.get("attempt", 0) < new and m["time"] <= fault_t]
     pre_fault = max(before, default=0)
-    out["relaunch"] = attempt["time"] - relaunched_after
-    out["restored"] = restored["time"] - attempt["time"]
-    out["verify_s"] = verified[0]["verify_s"] if verified else float("nan")
-    out["restore_s"] = restored["restore_s"]
     first_step = first(new_metrics, "metrics of the new attempt")
-    out["first_step"] = first_step["time"] - restored["time"]
+    out["first_step"] = first_step["time"] - ready_t
     out["mttr"] = first_step["time"] - fault_t
     regained = first([m for m in new_metrics if m["step"] >= pre_fault], "the pre-fault step regained")
     out["regained"] = regained["time"] - fault_t
-    out["redone"] = max(0, pre_fault - restored["step"])  # sigterm saves past the fault: none
+    out["redone"] = max(0, pre_fault - restored_step)  # sigterm saves past the fault: none
     return out
+
+
+def fmt_trial(got: dict[str, Any]) -> str:
+    parts = []
+    for key, label in (
+        ("detect", "detect"),
+        ("teardown", "teardown"),
+        ("relaunch", "relaunch"),
+        ("restored", "restored"),
+        ("first_step", "first step"),
+        ("mttr", "MTTR"),
+        ("regained", "regained"),
+    ):
+        if key in got:
+            parts.append(f"{label} {got[key]:.2f}s")
+    parts.append(f"{got['redone']:.0f} steps redone")
+    notes = f"  [{'; '.join(got['notes'])}]" if got["notes"] else ""
+    return ", ".join(parts) + notes
 
 
 def main() -> None:
@@ -229,6 +269,7 @@ def main() -> None:
     parser.add_argument("--hang", type=float, default=4.0, help="resilience.hang_timeout_s")
     parser.add_argument("--timeout", type=float, default=180.0, help="per supervisor run, seconds")
     parser.add_argument("--dir", default=None, help="parent of the temporary run dirs (default: system tmp)")
+    parser.add_argument("--keep", action="store_true", help="keep the run directories (to inspect them)")
     args, extra = parser.parse_known_args()
     kinds = [k.strip() for k in args.faults.split(",") if k.strip()]
     if unknown := set(kinds) - set(FAULTS):
@@ -248,26 +289,33 @@ def main() -> None:
         f"fault once rank 1 reports step {args.fault_step}; {args.repeats} repeats",
         flush=True,
     )
-    results: dict[str, list[dict[str, float]]] = {k: [] for k in kinds}
+    results: dict[str, list[dict[str, Any]]] = {k: [] for k in kinds}
     started = time.time()
-    with tempfile.TemporaryDirectory(prefix="truestep-recovery-bench-", dir=args.dir) as tmp:
+    failed: list[Path] = []
+    keep = tempfile.mkdtemp(prefix="truestep-recovery-bench-", dir=args.dir) if args.keep else None
+    workdir = (
+        contextlib.nullcontext(keep)
+        if keep
+        else tempfile.TemporaryDirectory(prefix="truestep-recovery-bench-", dir=args.dir)
+    )
+    with workdir as tmp:
         for repeat in range(args.repeats):
             # Rotate the order, so that a noisy stretch of the machine does not always hit one class.
             order = kinds[repeat % len(kinds) :] + kinds[: repeat % len(kinds)]
             for kind in order:
                 run_dir = Path(tmp) / f"{kind}-{repeat}"
                 run_dir.mkdir()
-                got = trial(kind, run_dir, args, overrides)
+                try:
+                    got = trial(kind, run_dir, args, overrides)
+                except (KeyError, RuntimeError) as err:
+                    print(f"  {kind:<8} #{repeat}: FAILED: {err}", flush=True)
+                    failed.append(run_dir)
+                    continue
                 results[kind].append(got)
-                seen = f" ({got['kind']} on rank {got['rank']})" if "kind" in got else ""
-                print(
-                    f"  {kind:<8} #{repeat}: detect {got['detect']:.2f}s{seen}, teardown {got['teardown']:.2f}s, "
-                    f"relaunch {got['relaunch']:.2f}s, restored {got['restored']:.2f}s, first step "
-                    f"{got['first_step']:.2f}s, MTTR {got['mttr']:.2f}s, regained {got['regained']:.2f}s, "
-                    f"{got['redone']:.0f} steps redone",
-                    flush=True,
-                )
-    print(f"medians over {args.repeats} repeats, seconds ({time.time() - started:.0f}s in all):")
+                print(f"  {kind:<8} #{repeat}: {fmt_trial(got)}", flush=True)
+    if keep:
+        print(f"run directories kept under {keep}")
+    print(f"medians over the trials, seconds ({time.time() - started:.0f}s in all; {len(failed)} failed):")
     width = max(len(label) for _, label, _ in PHASES)
     print(f"  {'phase':<{width}}" + "".join(f"{k:>10}" for k in kinds))
     for key, label, fmt in PHASES:

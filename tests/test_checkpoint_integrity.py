@@ -501,11 +501,6 @@ def test_consistently_rewritten_manifest_still_catches_size(reference, tmp_path)
         verify(d, checksums=False)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="manifest.payload_files skips every file *named* manifest.json/COMMITTED at any depth, so a "
-    "planted sub/COMMITTED is not reported as a file the manifest does not list",
-)
 def test_planted_file_named_like_the_marker_in_a_subdirectory(reference, tmp_path):
     d = tmp_path / step_dir_name(6)
     shutil.copytree(ckpt(reference, 6), d)
@@ -515,12 +510,6 @@ def test_planted_file_named_like_the_marker_in_a_subdirectory(reference, tmp_pat
         verify(d, checksums=True)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="manifest.verify calls entry.get() on manifest file entries without checking they are dicts: "
-    "a consistently committed but malformed manifest raises AttributeError, which the resolver does "
-    "not catch (it would crash instead of quarantining)",
-)
 def test_malformed_manifest_entry_is_a_verify_error(reference, tmp_path):
     d = tmp_path / step_dir_name(6)
     shutil.copytree(ckpt(reference, 6), d)
@@ -603,11 +592,6 @@ def test_none_verifies_refuses_to_start_over(derived_runs):
     assert live_steps(case.run) == [] and len(quarantined(case.run)) == 4
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="after a refused start has quarantined every checkpoint, checkpoints/ has no step_* dirs, "
-    "so the resolver returns NO_CHECKPOINT and the next plain restart silently trains from step 0",
-)
 def test_none_verifies_still_refuses_on_the_next_restart(derived_runs):
     case: NoneVerifiesCase = derived_runs["none-verifies"].result()
     assert case.again.returncode != 0, "the second restart trained from step 0 without allow_fresh_start"

@@ -8,9 +8,9 @@ on the same tokens (fp32). Nothing is downloaded.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import io
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness import launch
+from harness import TINY, launch, truestep_env
 from truestep.checkpoint.layout import step_dir_name
 from truestep.checkpoint.manifest import verify
 from truestep.cli.interop import interop_main
@@ -34,14 +34,17 @@ from truestep.interop import (
 from truestep.interop.hf import ffn_rule_for, hf_config, parse_size
 from truestep.model.llama import Transformer, ffn_hidden_dim
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach the network: everything is local
-
 STEPS = 3
 COMMON = [f"--train.max_steps={STEPS}", "--checkpoint.interval=0", "--schedule.warmup_steps=1"]
-LAYOUTS = {"single": (1, []), "fsdp2": (2, []), "tp2": (2, ["--parallel.tp=2"])}
+LAYOUTS = {
+    "single": (1, []),
+    "fsdp2": (2, []),
+    "tp2": (2, ["--parallel.tp=2"]),
+    "tied-fsdp2": (2, ["--model.tie_embeddings=true"]),
+}
 
 needs_safetensors = pytest.mark.skipif(
-    __import__("importlib").util.find_spec("safetensors") is None,
+    importlib.util.find_spec("safetensors") is None,
     reason="safetensors is not installed (pip install 'truestep[hf]')",
 )
 
@@ -51,6 +54,15 @@ def transformers_or_skip():
         "transformers",
         reason="transformers is not installed (pip install 'truestep[dev]'); parity not checked",
     )
+
+
+@pytest.fixture(scope="module", autouse=True)
+def offline():
+    """Never reach the network: every model here is local."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("HF_HUB_OFFLINE", "1")
+        mp.setenv("TRANSFORMERS_OFFLINE", "1")
+        yield
 
 
 @pytest.fixture(scope="module")
@@ -168,7 +180,7 @@ def test_export_hf_matches_transformers_logits(layout: str, runs, tmp_path: Path
         "rms_norm_eps": cfg.norm_eps,
         "rope_theta": cfg.rope_theta,
         "max_position_embeddings": cfg.max_seq_len,
-        "tie_word_embeddings": False,
+        "tie_word_embeddings": cfg.tie_embeddings,
         "torch_dtype": "float32",
         "hidden_act": "silu",
         "attention_bias": False,
@@ -176,6 +188,12 @@ def test_export_hf_matches_transformers_logits(layout: str, runs, tmp_path: Path
     }
     assert {k: config[k] for k in expected} == expected
     assert cfg.n_kv_heads < cfg.n_heads  # the tiny model exercises grouped-query attention
+    from safetensors import safe_open
+
+    with safe_open(str(out / "model.safetensors"), framework="pt") as handle:
+        names = set(handle.keys())  # noqa: SIM118 - not a mapping
+    assert ("lm_head.weight" in names) is not cfg.tie_embeddings  # transformers re-ties it on load
+    assert len(names) == 2 + 9 * cfg.n_layers + (0 if cfg.tie_embeddings else 1)
 
     toks = tokens(cfg.vocab_size)
     ours = truestep_model(ckpt_dir)(toks)
@@ -187,7 +205,7 @@ def test_export_hf_matches_transformers_logits(layout: str, runs, tmp_path: Path
 @needs_safetensors
 def test_layouts_export_the_same_consolidated_tensors(runs, tmp_path: Path) -> None:
     """The same 3 steps at three layouts: consolidation reassembles full tensors from any sharding."""
-    tensors = {name: load_model_tensors(path) for name, path in runs.items()}
+    tensors = {name: load_model_tensors(runs[name]) for name in ("single", "fsdp2", "tp2")}
     for name in ("fsdp2", "tp2"):
         assert tensors[name].keys() == tensors["single"].keys()
         for key, value in tensors["single"].items():
@@ -199,7 +217,7 @@ def test_layouts_export_the_same_consolidated_tensors(runs, tmp_path: Path) -> N
 
 
 @needs_safetensors
-@pytest.mark.parametrize("layout", ["single", "fsdp2"])
+@pytest.mark.parametrize("layout", ["single", "fsdp2", "tied-fsdp2"])
 def test_round_trip_is_bitwise(layout: str, runs, tmp_path: Path) -> None:
     ckpt_dir = runs[layout]
     assert interop_main(["export", str(ckpt_dir), "--to", "hf", str(tmp_path / "hf")]) == 0
@@ -229,6 +247,7 @@ def test_round_trip_is_bitwise(layout: str, runs, tmp_path: Path) -> None:
     bitwise_equal(dict(model.state_dict()), original)
 
 
+@needs_safetensors
 def test_import_refuses_an_existing_destination(ckpt, tmp_path: Path) -> None:
     (tmp_path / "out" / step_dir_name(0)).mkdir(parents=True)
     (tmp_path / "out" / step_dir_name(0) / "something").write_text("x")
@@ -431,6 +450,50 @@ def test_load_init_weights_names_the_mismatching_key(ckpt) -> None:
     deeper = Transformer(type(cfg)(**{**asdict(cfg), "n_layers": cfg.n_layers + 1}))
     with pytest.raises(InteropError, match=r"layers\.2\.attention\.wq\.weight: missing from the checkpoint"):
         load_init_weights(deeper, ckpt)
+
+
+SHARDED_INIT = """
+import sys
+
+import torch
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+from truestep.config.load import load_config
+from truestep.interop import load_init_weights, load_model_tensors
+from truestep.model.llama import Transformer
+from truestep.parallel.dist import init_distributed, shutdown
+from truestep.parallel.parallelize import parallelize
+
+ckpt, overrides = sys.argv[1], sys.argv[2:]
+cfg = load_config("tiny", overrides)
+ctx = init_distributed(cfg)
+model = Transformer(cfg.model)
+model.init_weights(seed=99)
+model = parallelize(model, ctx, cfg)
+facts = load_init_weights(model, ckpt)
+assert facts["sharded"] is True, facts
+full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+if ctx.is_main:
+    want = load_model_tensors(ckpt)
+    assert full.keys() == want.keys()
+    for key, value in want.items():
+        assert torch.equal(full[key], value), key
+    print("INIT-OK", flush=True)
+shutdown(ctx)
+"""
+
+
+@pytest.mark.parametrize("extra", [[], ["--parallel.tp=2"]], ids=["fsdp2", "tp2"])
+def test_load_init_weights_into_a_parallelized_model(extra: list[str], ckpt, tmp_path: Path) -> None:
+    """Collective path: a model already sharded by FSDP2 or TP reads its shards of a 1-process checkpoint."""
+    script = tmp_path / "init_sharded.py"
+    script.write_text(SHARDED_INIT)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", str(script)]
+    proc = subprocess.run(
+        [*cmd, str(ckpt), *TINY, *extra], env=truestep_env(), capture_output=True, text=True, timeout=240
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "INIT-OK" in proc.stdout
 
 
 def test_load_init_weights_reports_numeric_config_differences(ckpt) -> None:

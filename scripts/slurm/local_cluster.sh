@@ -52,11 +52,13 @@ MUNGE_SOCKET=$MUNGE_DIR/munge.socket.2
 NODE=$(hostname -s)
 export SLURM_CONF=$CONF
 
-pid_alive() { # pidfile -> 0 if the process in it is alive
-    local pid
+pid_alive() { # pidfile -> 0 if the process in it is alive and is the daemon the file is named after
+    local pid name
     [[ -s $1 ]] || return 1
     pid=$(cat "$1" 2>/dev/null) || return 1
-    [[ $pid =~ ^[0-9]+$ ]] && kill -0 "$pid" 2>/dev/null
+    name=$(basename "$1" .pid)
+    [[ $pid =~ ^[0-9]+$ ]] && kill -0 "$pid" 2>/dev/null &&
+        [[ $(cat "/proc/$pid/comm" 2>/dev/null) == "$name" ]] # not a reused pid
 }
 
 print_logs() {
@@ -85,11 +87,11 @@ install_packages() {
     log "installing ${missing[*]} (apt-get update + install, ~15 s)"
     local t0=$SECONDS
     # policy-rc.d may deny starting services during install: harmless, we start the daemons ourselves.
-    if ! DEBIAN_FRONTEND=noninteractive apt-get update -qq >"$PREFIX/apt.log" 2>&1; then
+    if ! DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=120 update -qq >"$PREFIX/apt.log" 2>&1; then
         tail -n 20 "$PREFIX/apt.log" >&2
         unsupported "apt-get update failed (log: $PREFIX/apt.log)"
     fi
-    if ! DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${PACKAGES[@]}" \
+    if ! DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=120 install -y -qq --no-install-recommends "${PACKAGES[@]}" \
         >>"$PREFIX/apt.log" 2>&1; then
         tail -n 20 "$PREFIX/apt.log" >&2
         unsupported "apt-get install failed (log: $PREFIX/apt.log)"

@@ -36,12 +36,18 @@ class CheckpointHook:
 
     def on_start(self, trainer: Trainer) -> None:
         self.checkpointer = Checkpointer(trainer)
-        if trainer.cfg.checkpoint.resume:
-            ckpt_dir = resolve_resume(
-                self.checkpointer.root, trainer.cfg.checkpoint, trainer.ctx, trainer.logs
-            )
+        cfg = trainer.cfg.checkpoint
+        ckpt_dir = None
+        if cfg.resume:
+            ckpt_dir = resolve_resume(self.checkpointer.root, cfg, trainer.ctx, trainer.logs)
             if ckpt_dir is not None:
                 self._restore(trainer, ckpt_dir)
+        if ckpt_dir is None and cfg.init_from:
+            # A fresh run starting from given weights (e.g. imported from Hugging Face); collective.
+            from truestep.interop import load_init_weights
+
+            facts = load_init_weights(trainer.model, cfg.init_from, checksums=cfg.verify_checksums)
+            trainer.logs.event("init_from", **facts)
 
     def _restore(self, trainer: Trainer, ckpt_dir: Path) -> None:
         assert self.checkpointer is not None

@@ -26,7 +26,9 @@ class VerifyError(Exception):
 def payload_files(ckpt_dir: Path) -> list[Path]:
     """Every regular file except the manifest and the marker, sorted by relative name."""
     skip = {MANIFEST, MARKER}
-    return sorted(p for p in ckpt_dir.rglob("*") if p.is_file() and p.name not in skip)
+    return sorted(
+        p for p in ckpt_dir.rglob("*") if p.is_file() and p.relative_to(ckpt_dir).as_posix() not in skip
+    )
 
 
 def build_manifest(ckpt_dir: Path, step: int) -> dict[str, Any]:
@@ -87,6 +89,8 @@ def verify(ckpt_dir: Path, checksums: bool) -> dict[str, Any]:
         raise VerifyError(f"files not in the manifest: {', '.join(unexpected[:5])}")
     for name, entry in sorted(listed.items()):
         path = ckpt_dir / name
+        if not isinstance(entry, dict):
+            raise VerifyError(f"{name}: malformed manifest entry")
         if name not in present:
             raise VerifyError(f"missing file {name}")
         size = path.stat().st_size

@@ -42,6 +42,11 @@ def pick_checkpoint(root: Path, cfg: CheckpointConfig, logs: RunLogs) -> int:
     """Rank-0 side: newest complete step, NO_CHECKPOINT, or NONE_VERIFIED."""
     candidates = step_dirs(root)
     if not candidates:
+        # Everything already quarantined (say, by a refused start) is not "no checkpoint": a plain
+        # restart must refuse again rather than silently train from step 0.
+        held = root / QUARANTINE
+        if cfg.atomic_commit and held.is_dir() and any(held.iterdir()):
+            return NONE_VERIFIED
         return NO_CHECKPOINT
     if not cfg.atomic_commit:
         # Ablation: the naive rule "the directory exists, so it is complete".

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import (
     get_model_state_dict,
     get_optimizer_state_dict,
@@ -97,7 +98,7 @@ def restore(trainer: Trainer, ckpt_dir: Path) -> dict[str, Any]:
     weights_restored = True
     try:
         dcp.load(state, storage_reader=SafeFileSystemReader(ckpt_dir), planner=SafeLoadPlanner())
-    except Exception as err:
+    except (Exception, CheckpointException) as err:  # DCP's CheckpointException is a BaseException
         if cfg.atomic_commit:
             raise
         # Ablation of atomic_commit: reproduce the naive trainer that trusts a torn directory, loads

@@ -107,3 +107,13 @@ def interop_main(argv: list[str]) -> int:
 
 if __name__ == "__main__":
     sys.exit(interop_main(sys.argv[1:]))
+
+
+def export_main(argv: list[str]) -> int:
+    """`truestep export ...`"""
+    return interop_main(["export", *argv])
+
+
+def import_hf_main(argv: list[str]) -> int:
+    """`truestep import-hf ...`"""
+    return interop_main(["import-hf", *argv])

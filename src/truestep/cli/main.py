@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import sys
 from collections.abc import Callable
 
@@ -17,6 +18,9 @@ commands:
   fidelity RUN --reference REF [--floor REF2]  trajectory fidelity of a run
   goodput RUN [--reference REF]              correct goodput, badput, MTTR of a run
   report DIR                                 report.md + report.html for an experiment directory
+  export CKPT --to hf|torch DEST             consolidate a checkpoint for Hugging Face / plain torch
+  import-hf HF_DIR --out CKPT_DIR            HF Llama -> truestep checkpoint (--checkpoint.init_from)
+  ckpt list|verify|inspect PATH              look at checkpoints (never unpickles)
   prepare-data FILES... --out DIR            tokenize text files into token shards
   config [CONFIG] [--section.key=value ...]  print the resolved config as TOML
   config --reference                         print the config reference (docs/config.md)
@@ -45,24 +49,28 @@ def _presets_main(argv: list[str]) -> int:
     return 0
 
 
-def _commands() -> dict[str, Callable[[list[str]], int]]:
-    from truestep.cli.instrument import demo_main, experiment_main, fidelity_main, goodput_main, report_main
-    from truestep.cli.launch import launch_main
-    from truestep.cli.train import train_main
-    from truestep.data.cli import prepare_data_main
+# Each command's module is imported only when that command runs: `truestep train` stays light and
+# does not depend on the analysis or interop code.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "train": ("truestep.cli.train", "train_main"),
+    "launch": ("truestep.cli.launch", "launch_main"),
+    "experiment": ("truestep.cli.instrument", "experiment_main"),
+    "fidelity": ("truestep.cli.instrument", "fidelity_main"),
+    "goodput": ("truestep.cli.instrument", "goodput_main"),
+    "report": ("truestep.cli.instrument", "report_main"),
+    "demo": ("truestep.cli.instrument", "demo_main"),
+    "ckpt": ("truestep.cli.ckpt", "ckpt_main"),
+    "export": ("truestep.cli.interop", "export_main"),
+    "import-hf": ("truestep.cli.interop", "import_hf_main"),
+    "prepare-data": ("truestep.data.cli", "prepare_data_main"),
+    "config": ("truestep.cli.main", "_config_main"),
+    "presets": ("truestep.cli.main", "_presets_main"),
+}
 
-    return {
-        "train": train_main,
-        "launch": launch_main,
-        "experiment": experiment_main,
-        "fidelity": fidelity_main,
-        "goodput": goodput_main,
-        "report": report_main,
-        "demo": demo_main,
-        "prepare-data": prepare_data_main,
-        "config": _config_main,
-        "presets": _presets_main,
-    }
+
+def _command(name: str) -> Callable[[list[str]], int]:
+    module, attr = COMMANDS[name]
+    return getattr(importlib.import_module(module), attr)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -70,13 +78,16 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(USAGE)
         return 0 if argv else 2
-    commands = _commands()
+    if argv[0] == "train":
+        from truestep.resilience import early_signals  # before torch is imported
+
+        early_signals.capture()
     name, rest = argv[0], argv[1:]
-    if name not in commands:
+    if name not in COMMANDS:
         print(f"truestep: unknown command {name!r}\n\n{USAGE}", file=sys.stderr)
         return 2
     try:
-        return commands[name](rest)
+        return _command(name)(rest)
     except ConfigError as err:
         print(f"truestep {name}: config error: {err}", file=sys.stderr)
         return 2

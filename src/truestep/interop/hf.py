@@ -135,7 +135,7 @@ def ffn_rule_for(dim: int, intermediate: int) -> tuple[int, float]:
     """(multiple_of, ffn_dim_multiplier) with ffn_hidden_dim == intermediate, preferring round values."""
     base = int(2 * (4 * dim) / 3)
     multipliers = [0.0] + sorted({round(intermediate / base, digits) for digits in (1, 2, 3, 4)})
-    candidates = [4096, 2048, 1024, 512, 256, 128, 64, 32, 16, 8, 4, 2, 1]
+    candidates = [1024, 256, 4096, 2048, 512, 128, 64, 32, 16, 8, 4, 2, 1]  # Llama 3, Llama 2 first
     for multiplier in multipliers:
         for multiple_of in candidates:
             probe = ModelConfig(dim=dim, multiple_of=multiple_of, ffn_dim_multiplier=multiplier)

@@ -6,10 +6,13 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
+import torch.distributed.checkpoint as dcp
 from torch import nn
+from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
 from torch.distributed.tensor import DTensor
 
 from truestep.checkpoint.layout import step_of
+from truestep.checkpoint.safe_dcp import SafeFileSystemReader, SafeLoadPlanner, UnsafeCheckpointError
 from truestep.config.schema import ModelConfig
 from truestep.interop.ckpt import (
     load_model_tensors,
@@ -32,24 +35,25 @@ def load_init_weights(model: nn.Module, ckpt_dir: str | Path, checksums: bool = 
     (the newest step that verifies is used). Only model weights are read: optimizer state, RNG, data
     position and step counters are not (this is initialization, not resume).
 
-    Call it on the plain, un-sharded model before `parallelize` (every rank may call it: it reads
-    independently, without collectives). Every parameter must be present with the configured shape:
-    a mismatch raises InteropError naming each key. Differences in shape-preserving keys (rope_theta,
-    norm_eps, ...) between the checkpoint's recorded model config and `model.cfg` do not raise; they are
-    returned in `config_differences` for the caller to log.
+    Two ways to call it:
+    - on the plain, un-sharded model before `parallelize`: each rank reads the full weights on its own,
+      without collectives (every rank may call it, or only some);
+    - on a parallelized model (FSDP2/TP DTensor parameters): then it is **collective**, every rank must
+      call it, and each reads only its shards (as resume does).
 
-    Returns facts for an event: path, step, tensors, config_differences, source.
+    Every parameter must be present with the configured (global) shape: a mismatch raises InteropError
+    naming each key. Differences in shape-preserving keys (rope_theta, norm_eps, ...) between the
+    checkpoint's recorded model config and `model.cfg` do not raise; they are returned in
+    `config_differences` for the caller to log.
+
+    Returns facts for an event: path, step, tensors, sharded, config_differences, checksums.
     """
-    state = model.state_dict()
-    sharded = [k for k, v in state.items() if isinstance(v, DTensor)]
-    if sharded:
-        raise InteropError(
-            f"load_init_weights needs the plain model before parallelize; {sharded[0]} is already a DTensor"
-        )
+    plain = model.state_dict()
+    sharded = any(isinstance(v, DTensor) for v in plain.values())
     path = verified_checkpoint(Path(ckpt_dir), checksums)
     meta = model_tensor_meta(path)
     saved_cfg = read_model_config(path)
-    problems = shape_problems(meta, {k: tuple(v.shape) for k, v in state.items()})
+    problems = shape_problems(meta, {k: tuple(v.shape) for k, v in plain.items()})
     cfg = getattr(model, "cfg", None)
     differences = _config_differences(saved_cfg, cfg) if isinstance(cfg, ModelConfig) else []
     if isinstance(cfg, ModelConfig) and saved_cfg.tie_embeddings != cfg.tie_embeddings:
@@ -64,11 +68,20 @@ def load_init_weights(model: nn.Module, ckpt_dir: str | Path, checksums: bool = 
             + "\nThe checkpoint's model config is: "
             + " ".join(model_overrides(saved_cfg))
         )
-    load_model_tensors(path, into=state)
+    if sharded:
+        state = get_model_state_dict(model)
+        try:
+            dcp.load({"model": state}, storage_reader=SafeFileSystemReader(path), planner=SafeLoadPlanner())
+        except UnsafeCheckpointError as err:
+            raise InteropError(f"{path}: {err}") from err
+        set_model_state_dict(model, state)
+    else:
+        load_model_tensors(path, into=plain)
     return {
         "path": str(path),
         "step": step_of(path),
-        "tensors": len(state),
+        "tensors": len(plain),
+        "sharded": sharded,
         "config_differences": differences,
         "checksums": checksums,
     }

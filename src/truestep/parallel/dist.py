@@ -110,15 +110,16 @@ def init_distributed(cfg: JobConfig) -> DistContext:
 
 
 def shutdown(ctx: DistContext, exit_code: int = 0) -> None:
-    """Leave cleanly. Under gloo a normal interpreter exit sometimes aborts in a destructor after
-    training finished, so distributed runs barrier, destroy the group and `os._exit` directly."""
+    """Leave cleanly and exit. Distributed runs barrier and destroy the group first. Then `os._exit`:
+    a normal interpreter exit sometimes aborts in a C++ destructor after training finished ("terminate
+    called without an active exception", seen under gloo and, rarely, single-process with DCP's
+    background threads), turning a finished run into a failed one. Callers close their logs first."""
     sys.stdout.flush()
     sys.stderr.flush()
-    if not ctx.distributed:
-        return
     try:
-        dist.barrier()
-        dist.destroy_process_group()
+        if ctx.distributed:
+            dist.barrier()
+            dist.destroy_process_group()
     finally:
         sys.stdout.flush()
         sys.stderr.flush()

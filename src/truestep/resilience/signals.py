@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING
 import torch
 import torch.distributed as dist
 
+from truestep.resilience import early_signals
+
 if TYPE_CHECKING:
     from truestep.train.trainer import StepResult, Trainer
 
@@ -37,6 +39,23 @@ class SignalWatcher:
             signal.signal(signum, lambda *_: None)  # real work happens in the watcher thread
         self._old_wakeup = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
         threading.Thread(target=self._watch, name="truestep-signals", daemon=True).start()
+        self._adopt_early()
+
+    def _adopt_early(self) -> None:
+        """Take over signals recorded before this watcher existed (during imports and set-up)."""
+        handled = {s.name for s in self.signums}
+        for name, at in early_signals.pending:
+            if name in handled:
+                if self.received is None:
+                    self.received, self.received_at = name, at
+                    threading.Timer(self.deadline_s, self._force_exit).start()
+            else:  # not a preemption signal for this config: its default action, as if never caught
+                signal.signal(signal.Signals[name], signal.SIG_DFL)
+                os.kill(os.getpid(), signal.Signals[name])
+        early_signals.pending.clear()
+        for name in early_signals.EARLY_SIGNALS:
+            if name not in handled:
+                signal.signal(signal.Signals[name], signal.SIG_DFL)
 
     def _watch(self) -> None:
         while True:

@@ -26,7 +26,7 @@ class MetricsHook:
             trainer.cfg.train.max_steps, trainer.state.step, main and m.progress, m.log_every
         )
         if main and m.tensorboard:
-            self.tensorboard = TensorBoardWriter(trainer.run_dir / "tb")
+            self.tensorboard = TensorBoardWriter(trainer.run_dir / "tb", trainer.state.step)
 
     def after_step(self, trainer: Trainer, result: StepResult) -> None:
         state = trainer.state

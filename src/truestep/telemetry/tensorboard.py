@@ -6,14 +6,15 @@ from pathlib import Path
 
 
 class TensorBoardWriter:
-    def __init__(self, log_dir: Path) -> None:
+    def __init__(self, log_dir: Path, start_step: int) -> None:
         try:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError as err:  # tensorboard is an optional extra
             raise RuntimeError(
                 "metrics.tensorboard=true needs the tensorboard package: pip install tensorboard"
             ) from err
-        self.writer = SummaryWriter(log_dir=str(log_dir))
+        # On resume, drop what a crashed attempt logged past the restored step (it is recomputed).
+        self.writer = SummaryWriter(log_dir=str(log_dir), purge_step=start_step + 1 if start_step else None)
 
     def scalars(self, step: int, fields: dict[str, float]) -> None:
         for key, value in fields.items():
