@@ -38,6 +38,8 @@ format: setup
 
 bench: setup
 	OMP_NUM_THREADS=1 $(BIN)/python benchmarks/step_overhead.py
+	OMP_NUM_THREADS=1 $(BIN)/python benchmarks/checkpoint_cost.py
+	OMP_NUM_THREADS=1 $(BIN)/python benchmarks/recovery.py
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .ruff_cache

@@ -682,18 +682,22 @@ def test_retention_never_touches_uncommitted_or_quarantined(tmp_path):
 # the naive-commit ablation
 
 
-def test_naive_mode_resumes_from_the_torn_directory(independent_runs):
+def test_naive_mode_resumes_from_the_torn_directory(independent_runs, reference_future):
     """--checkpoint.atomic_commit=false: "the directory exists, so it is complete". After a crash
-    between this rank's shards and the coordinator's .metadata, the resolver picks the torn step 6
-    (no verification, no quarantine); the restore then fails loudly on the missing .metadata instead of
-    silently diverging (observed behaviour, asserted so that a change is noticed)."""
+    between this rank's shards and the coordinator's .metadata, the resolver picks the torn step 6 (no
+    verification, no quarantine); like a naive trainer it restores what is there (counters and data
+    position, not the weights), logs `naive_partial_restore` and carries on: no crash, a different
+    trajectory from step 7 on."""
     case: NaiveCase = independent_runs["naive"].result()
     assert case.crashed.returncode == -signal.SIGKILL
     assert "truestep fault: crash at save:mid-shards step=6" in case.crashed.stderr
-    assert case.resumed.returncode != 0
-    assert f"{step_dir_name(6)}/{DCP_METADATA}" in case.resumed.stderr
-    assert "No such file or directory" in case.resumed.stderr
+    assert case.resumed.returncode == 0, case.resumed.stderr[-3000:]
     assert quarantined(case.run) == [] and harness.events(case.run, "checkpoint_quarantined") == []
     assert harness.events(case.run, "checkpoint_verified") == []
-    assert live_steps(case.run) == [6, 3]
-    assert attempt_events(case.run, "run_start", 1) == []
+    [partial] = harness.events(case.run, "naive_partial_restore")
+    assert DCP_METADATA in partial["error"]
+    [restore] = harness.events(case.run, "checkpoint_restore")
+    assert restore["step"] == 6 and restore["restored_weights"] is False
+    got, want = harness.loss_bits_by_step(case.run), harness.loss_bits_by_step(reference_future.result())
+    assert all(got[s] == want[s] for s in range(1, 7))
+    assert [s for s in range(7, max(want) + 1) if got[s] != want[s]][:1] == [7]

@@ -13,6 +13,7 @@ A crash anywhere before 3 completes leaves a directory without a valid marker: n
 from __future__ import annotations
 
 import shutil
+import threading
 import time
 import warnings
 from concurrent.futures import Future
@@ -71,19 +72,25 @@ class Checkpointer:
         self.root = Path(self.cfg.dir) if self.cfg.dir else trainer.run_dir / "checkpoints"
         set_context(checkpoint_root=self.root)
         self.pending: PendingSave | None = None
+        self._committer: threading.Thread | None = None
+        self._commit_error: BaseException | None = None
         self.last_saved_step: int | None = None
         # A dedicated group keeps DCP's background collectives off FSDP's default group.
         self.group = dist.new_group(backend="gloo") if self.ctx.distributed and self.cfg.async_save else None
 
     def save(self, trainer: Trainer, reason: str) -> None:
-        """Collective. Start (async) or complete (sync) a save of the current step."""
+        """Collective. Start (async) or complete (sync) a save of the current step.
+
+        `blocking_s` in the event is everything the training loop waited for: the parameter digest,
+        the rank-state write, staging (async) or the whole write and commit (sync).
+        """
         step = trainer.state.step
         if step == self.last_saved_step:
             self.logs.event("checkpoint_skipped", step=step, reason=reason, why="already saved at this step")
             return
         self.wait()
-        digest = param_digest(trainer.model, self.ctx)
         started = time.perf_counter()
+        digest = param_digest(trainer.model, self.ctx)
         ckpt_dir = self.root / step_dir_name(step)
         ckpt_dir.mkdir(parents=True, exist_ok=True)
         fault_point("save:before-shards", step=step)
@@ -96,28 +103,28 @@ class Checkpointer:
             dcp.save(state, storage_writer=writer)
             future = Future()
             future.set_result(None)
-        blocking = time.perf_counter() - started
         self.last_saved_step = step
+        self.pending = PendingSave(step, ckpt_dir, future, started, reason)
+        if not self.cfg.async_save:
+            self.wait()
         self.logs.event(
             "checkpoint_save",
             step=step,
             reason=reason,
             async_save=self.cfg.async_save,
-            blocking_s=blocking,
+            blocking_s=time.perf_counter() - started,
             param_digest=digest,
         )
-        self.pending = PendingSave(step, ckpt_dir, future, started, reason)
-        if not self.cfg.async_save:
-            self.wait()
 
     def poll(self) -> None:
-        """Non-blocking: finish the pending save if its writes are done.
+        """Non-blocking: once the pending write is done on every rank, commit it in the background.
 
-        Ranks must agree on when to finish (the barrier after the commit is collective), so completion
-        is agreed with a tiny all-reduce on the default group, from the main thread: the checkpoint
-        group may still be busy with DCP's background collectives, and two threads issuing
-        collectives on one group deadlock.
+        Completion is agreed with a tiny all-reduce on the default group, from the main thread: the
+        checkpoint group may still be busy with DCP's background collectives, and two threads issuing
+        collectives on one group deadlock. Rank 0 then hashes and commits on a thread of its own, so
+        the SHA-256 pass stays off the step path.
         """
+        self._raise_commit_error()
         if self.pending is None:
             return
         done = self.pending.future.done()
@@ -126,21 +133,45 @@ class Checkpointer:
             dist.all_reduce(flag, op=dist.ReduceOp.MIN)
             done = bool(flag.item())
         if done:
-            self.wait()
+            self._finish(background=True)
 
     def wait(self) -> None:
-        """Block until the pending save is written and committed."""
-        if self.pending is None:
-            return
+        """Block until the pending save is written and committed (and any background commit is done)."""
+        if self.pending is not None:
+            self._finish(background=False)
+        if self._committer is not None:
+            self._committer.join()
+            self._committer = None
+        self._raise_commit_error()
+
+    def _finish(self, background: bool) -> None:
+        assert self.pending is not None
         pending, self.pending = self.pending, None
         pending.future.result()  # re-raises a failed write loudly
         fault_point("save:after-shards", step=pending.step)
-        write_s = time.perf_counter() - pending.started
-        if self.ctx.is_main:
+        self.logs.event(
+            "checkpoint_written", step=pending.step, write_s=time.perf_counter() - pending.started
+        )
+        if not self.ctx.is_main:
+            return
+        if background:
+            self._committer = threading.Thread(
+                target=self._commit_guarded, args=(pending,), name="truestep-commit", daemon=True
+            )
+            self._committer.start()
+        else:
             self._commit(pending)
-        self.logs.event("checkpoint_written", step=pending.step, write_s=write_s)
-        if self.ctx.distributed:
-            dist.barrier()
+
+    def _commit_guarded(self, pending: PendingSave) -> None:
+        try:
+            self._commit(pending)
+        except BaseException as err:  # surfaced on the main thread by the next poll()/wait()
+            self._commit_error = err
+
+    def _raise_commit_error(self) -> None:
+        if self._commit_error is not None:
+            err, self._commit_error = self._commit_error, None
+            raise RuntimeError(f"committing a checkpoint failed: {err}") from err
 
     def _commit(self, pending: PendingSave) -> None:
         started = time.perf_counter()
