@@ -23,6 +23,14 @@ TINY = [
     "--metrics.progress=false",
 ]
 
+# The layouts the suite covers: name -> (processes, overrides).
+LAYOUTS: dict[str, tuple[int, list[str]]] = {
+    "single": (1, []),
+    "fsdp2": (2, []),
+    "tp2": (2, ["--parallel.tp=2"]),
+    "fsdp2xtp2": (4, ["--parallel.tp=2"]),
+}
+
 
 def truestep_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     env = dict(os.environ)

@@ -7,16 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from harness import events, launch, metrics
+from harness import LAYOUTS, events, launch, metrics
 
 MAX, STOP = 8, 4
 COMMON = [f"--train.max_steps={MAX}", "--checkpoint.interval=0", "--schedule.warmup_steps=2"]
-LAYOUTS = {
-    "single": (1, []),
-    "fsdp2": (2, []),
-    "tp2": (2, ["--parallel.tp=2"]),
-    "fsdp2xtp2": (4, ["--parallel.tp=2"]),
-}
 
 
 @pytest.fixture(scope="module")

@@ -203,3 +203,32 @@ def test_nan_steps_are_skipped_then_rolled_back(tmp_path: Path) -> None:
     assert events(run, "nan_rollback")[0]["to_step"] == 10
     assert loss_bits_by_step(run) == loss_bits_by_step(ref)
     assert final_digest(run) == final_digest(ref)
+
+
+def wait_for_phase(run_dir: Path, rank: int, phase: str, min_step: int, timeout: float = 120) -> None:
+    path = run_dir / "heartbeats" / f"rank{rank:05d}.json"
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            beat = json.loads(path.read_text())
+            if beat["phase"] == phase and beat["step"] >= min_step:
+                return
+        except (FileNotFoundError, json.JSONDecodeError):
+            pass
+        time.sleep(0.05)
+    raise AssertionError(f"rank {rank} never reported phase {phase} at step >= {min_step}")
+
+
+def test_sigterm_during_a_checkpoint_write(reference: Path, tmp_path: Path) -> None:
+    """The preemption lands while rank 0 is still finishing the step-10 save: that save completes,
+    the ranks agree on a stop step, and the emergency checkpoint resumes bitwise."""
+    proc = supervise(tmp_path, faults="sleep:at=save:after-shards:step=10:rank=0:seconds=3")
+    wait_for_phase(tmp_path, 0, "checkpoint", 10)
+    proc.send_signal(signal.SIGTERM)
+    assert finish(proc) == 75, finish.last_output  # type: ignore[attr-defined]
+    stop = events(tmp_path, "signal_received")[-1]["stop_step"]
+    committed = {e["step"] for e in events(tmp_path, "checkpoint_commit")}
+    assert {10, stop} <= committed
+    assert finish(supervise(tmp_path)) == 0
+    assert events(tmp_path, "checkpoint_restore")[-1]["step"] == stop
+    assert_matches_reference(tmp_path, reference)

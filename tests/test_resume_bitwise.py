@@ -11,16 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from harness import events, final_digest, launch, loss_bits_by_step, metrics
+from harness import LAYOUTS, events, final_digest, launch, loss_bits_by_step, metrics
 
 MAX = 8
 COMMON = [f"--train.max_steps={MAX}", "--checkpoint.interval=0", "--schedule.warmup_steps=2"]
-LAYOUTS = {
-    "single": (1, []),
-    "fsdp2": (2, []),
-    "tp2": (2, ["--parallel.tp=2"]),
-    "fsdp2xtp2": (4, ["--parallel.tp=2"]),
-}
 
 
 @pytest.fixture(scope="module")

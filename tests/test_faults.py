@@ -1,0 +1,75 @@
+"""Fault specs: parsing, validation, campaigns, and the inert default."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from truestep.faults import hooks
+from truestep.faults.spec import FaultSpec, campaign, parse_fault, parse_faults
+
+
+def test_user_facing_kinds_map_to_fault_points() -> None:
+    assert parse_fault("kill:rank=1:step=120") == FaultSpec("kill", "train:step", step=120, rank=1)
+    assert parse_fault("term:step=300") == FaultSpec("term", "train:step", step=300, rank=0)
+    assert parse_fault("hang:rank=0:step=50:restart=2") == FaultSpec(
+        "hang", "train:step", step=50, rank=0, restart=2
+    )
+    assert parse_fault("crash-in-save:phase=after-shards") == FaultSpec("crash", "save:after-shards")
+    assert parse_fault("corrupt:target=latest:step=9").kind == "corrupt"
+    assert parse_fault("nan:step=80") == FaultSpec("nan", "train:loss", step=80)
+    assert parse_fault("slow:rank=1:factor=3") == FaultSpec("slow", "train:step", rank=1, factor=3.0)
+    assert parse_fault("kill:rank=1:time=30").time == 30.0
+    assert parse_fault("sleep:at=save:before-marker:seconds=2") == FaultSpec(
+        "sleep", "save:before-marker", seconds=2.0
+    )
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("explode:step=3", "unknown kind"),
+        ("kill:rank=1", "needs step=N or time=SECONDS"),
+        ("crash-in-save:phase=sideways", "phase must be one of"),
+        ("slow:rank=1:factor=1", "factor > 1"),
+        ("kill:step=3:colour=red", "unknown fields"),
+        ("corrupt:target=oldest:step=3", "target=latest"),
+        ("crash:step=3", "needs at=<point>"),
+    ],
+)
+def test_bad_specs_are_rejected_with_a_reason(spec: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        parse_fault(spec)
+
+
+def test_campaign_is_deterministic_and_one_fault_per_attempt() -> None:
+    first = campaign(5, seed=7, max_steps=100, world_size=2, interval=10)
+    assert first == campaign(5, seed=7, max_steps=100, world_size=2, interval=10)
+    assert first != campaign(5, seed=8, max_steps=100, world_size=2, interval=10)
+    specs = parse_faults(";".join(first))
+    assert [s.restart for s in specs] == [0, 1, 2, 3, 4]
+    assert all(s.kind in ("kill", "hang", "term", "crash") for s in specs)
+    assert all(s.step is not None and 1 <= s.step < 100 for s in specs)
+
+
+def test_fault_fires_once_only_on_its_rank_and_attempt_and_is_logged(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("TRUESTEP_RESTART_COUNT", "0")
+    hooks.set_context(run_dir=tmp_path)
+    hooks.arm(parse_faults("nan:step=4:rank=1;nan:step=5:rank=0;nan:step=6:restart=1"))
+    try:
+        assert [hooks.poison_loss(s) for s in range(1, 8)] == [False, False, False, True, False, False, False]
+        assert not hooks.poison_loss(4)  # fired once; a replayed step 4 runs clean
+        logged = (tmp_path / "events.jsonl").read_text()
+        assert logged.count('"fault_injected"') == 1 and '"step": 4' in logged
+    finally:
+        hooks.arm([])
+        hooks._CONTEXT.clear()
+
+
+def test_nothing_armed_by_default() -> None:
+    assert "TRUESTEP_FAULTS" not in os.environ or not os.environ["TRUESTEP_FAULTS"]
+    assert hooks.armed() == []
+    hooks.fault_point("save:before-marker", step=1)  # inert: returns without effect
