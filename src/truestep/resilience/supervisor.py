@@ -118,10 +118,14 @@ class Supervisor:
     def _check_heartbeats(
         self, procs: list[subprocess.Popen], progress: dict[int, tuple[int, str, float]]
     ) -> Failure | None:
-        """Liveness for every phase; progress only while training; a bound on shutdown."""
+        """Liveness for every phase; progress only while every rank trains; a bound on shutdown.
+
+        Progress is judged job-wide: while any rank is starting, checkpointing or restoring, its peers
+        may legitimately sit in a collective waiting for it, so nobody's stall clock runs.
+        """
         r = self.cfg.resilience
         now = time.time()
-        shutdown_limit = r.collective_timeout_s + 30.0
+        beats: dict[int, dict] = {}
         for local, proc in enumerate(procs):
             rank = self.spec.node_rank * self.spec.nproc + local
             beat = read_heartbeat(heartbeat_path(self.run_dir, rank))
@@ -130,13 +134,16 @@ class Supervisor:
             age = now - beat["time"]
             if age > r.liveness_timeout_s:
                 return Failure("stale_heartbeat", rank, f"no heartbeat for {age:.1f}s (stopped or hung)")
+            beats[rank] = beat
+        everyone_training = len(beats) == len(procs) and all(b["phase"] == "train" for b in beats.values())
+        for rank, beat in beats.items():
             step, phase, since = progress.get(rank, (beat["step"], beat["phase"], now))
-            if (beat["step"], beat["phase"]) != (step, phase):
+            if (beat["step"], beat["phase"]) != (step, phase) or (phase == "train" and not everyone_training):
                 step, phase, since = beat["step"], beat["phase"], now
             progress[rank] = (step, phase, since)
             if phase == "train" and now - since > r.hang_timeout_s:
                 return Failure("no_progress", rank, f"step {step} has not advanced for {now - since:.1f}s")
-            if phase == "shutdown" and now - since > shutdown_limit:
+            if phase == "shutdown" and now - since > r.collective_timeout_s + 30.0:
                 return Failure("stuck_in_shutdown", rank, f"still shutting down after {now - since:.1f}s")
         return None
 
