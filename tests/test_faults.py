@@ -22,6 +22,7 @@ def test_user_facing_kinds_map_to_fault_points() -> None:
     assert parse_fault("nan:step=80") == FaultSpec("nan", "train:loss", step=80)
     assert parse_fault("slow:rank=1:factor=3") == FaultSpec("slow", "train:step", rank=1, factor=3.0)
     assert parse_fault("kill:rank=1:time=30").time == 30.0
+    assert parse_fault("crash-in-save:phase=mid-shards:from=13").from_step == 13
     assert parse_fault("sleep:at=save:before-marker:seconds=2") == FaultSpec(
         "sleep", "save:before-marker", seconds=2.0
     )
@@ -31,7 +32,7 @@ def test_user_facing_kinds_map_to_fault_points() -> None:
     ("spec", "message"),
     [
         ("explode:step=3", "unknown kind"),
-        ("kill:rank=1", "needs step=N or time=SECONDS"),
+        ("kill:rank=1", "needs step=N, from=N or time=SECONDS"),
         ("crash-in-save:phase=sideways", "phase must be one of"),
         ("slow:rank=1:factor=1", "factor > 1"),
         ("kill:step=3:colour=red", "unknown fields"),

@@ -42,7 +42,8 @@ def ablation_faults(row: str, mode: str, step: int, interval: int, nproc: int) -
     save_step = max(interval, (step // interval) * interval)
     if row == "atomic-commit-off":
         if mode == "graceful":
-            return [f"term:step={step}", f"crash-in-save:phase=mid-shards:step={step}:rank=0"]
+            # The ranks stop at the first step boundary after the signal: step or step + 1.
+            return [f"term:step={step}", f"crash-in-save:phase=mid-shards:from={step}:rank=0"]
         return [f"crash-in-save:phase=mid-shards:step={save_step}:rank=0"]
     if mode == "graceful":
         return [f"term:step={step}"]

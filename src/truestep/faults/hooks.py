@@ -57,6 +57,8 @@ def _due(spec: FaultSpec, step: int | None, rank: int, restart: int) -> bool:
         return False
     if spec.time is not None:
         return _elapsed() >= spec.time
+    if spec.from_step is not None:
+        return step is not None and step >= spec.from_step
     return spec.step is None or spec.step == step
 
 

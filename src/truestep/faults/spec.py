@@ -9,7 +9,8 @@ User-facing kinds (`--fault` on train/launch/experiment, or TRUESTEP_FAULTS, ';'
   corrupt:target=latest:step=N    flip a byte in the newest committed checkpoint, then SIGKILL
   nan:step=80                     poison the loss of step 80 (non-finite update)
   slow:rank=1:factor=3            rank 1 runs every step 3x slower
-Any of them may use `time=SECONDS` (since the job started) instead of `step=N`. `restart=K` (default 0)
+Any of them may use `time=SECONDS` (since the job started) or `from=N` (the first time at a step >= N,
+e.g. whichever save comes next) instead of `step=N`. `restart=K` (default 0)
 fires the fault only in the K-th attempt of a supervised job, so a restarted job runs clean.
 Low-level forms used by tests: `crash:at=POINT`, `sleep:at=POINT:seconds=S`.
 """
@@ -29,7 +30,7 @@ SAVE_PHASES = (
 )
 POINTS = (*(f"save:{p}" for p in SAVE_PHASES), "train:step", "train:loss")
 KINDS = ("kill", "term", "hang", "crash-in-save", "corrupt", "nan", "slow", "crash", "sleep")
-_FIELDS = {"at", "step", "rank", "restart", "seconds", "time", "phase", "target", "factor"}
+_FIELDS = {"at", "step", "from", "rank", "restart", "seconds", "time", "phase", "target", "factor"}
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,8 @@ class FaultSpec:
     """Fire once this many seconds have passed since the job started."""
     factor: float = 1.0
     """slow: step-time multiplier."""
+    from_step: int | None = None
+    """Fire the first time the point is reached at a step >= this (e.g. whichever save comes next)."""
 
     def describe(self) -> str:
         where = f"step={self.step}" if self.step is not None else f"time={self.time}"
@@ -80,10 +83,15 @@ def parse_fault(item: str) -> FaultSpec:
     step = int(f["step"]) if "step" in f else None
     when = float(f["time"]) if "time" in f else None
     rank = int(f["rank"]) if "rank" in f else None
-    common = {"step": step, "time": when, "restart": int(f.get("restart", 0))}
+    common = {
+        "step": step,
+        "time": when,
+        "restart": int(f.get("restart", 0)),
+        "from_step": int(f["from"]) if "from" in f else None,
+    }
     if kind in ("kill", "term", "hang", "corrupt"):
-        if step is None and when is None:
-            raise ValueError(f"fault {item!r}: {kind} needs step=N or time=SECONDS")
+        if step is None and when is None and "from" not in f:
+            raise ValueError(f"fault {item!r}: {kind} needs step=N, from=N or time=SECONDS")
         if kind == "corrupt" and f.get("target", "latest") != "latest":
             raise ValueError(f"fault {item!r}: only target=latest is supported")
         return FaultSpec(kind, "train:step", rank=0 if rank is None else rank, **common)
