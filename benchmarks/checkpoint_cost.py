@@ -233,6 +233,7 @@ def main() -> None:
                 polled = time.perf_counter()
                 ckpt.wait()
                 commit_poll = time.perf_counter() - polled
+            ckpt.wait()  # the commit runs on rank 0's background thread: committed = that thread done
             res["ov_total"].append(time.perf_counter() - started)
             res["ov_commit_poll"].append(commit_poll)
             res["ov_steps"].append(steps)
