@@ -1,5 +1,125 @@
+"""Shared test setup: the sys.path line for tests/harness.py and the checkpoint-integrity runs."""
+
 import sys
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
+
+import pytest
 
 # Tests import the launch helpers in tests/harness.py by plain name.
 sys.path.insert(0, str(Path(__file__).parent))
+
+import harness  # noqa: E402
+from ckpt_cases import (  # noqa: E402
+    CONFIG_CASES,
+    CORRUPTIONS,
+    CRASH_CASES,
+    DCP_METADATA,
+    JOBS,
+    RANK0,
+    REFERENCE,
+    _config_job,
+    _corruption_job,
+    _crash_job,
+    _fresh_start_job,
+    _naive_job,
+    _none_verifies_job,
+    _pickle_job,
+    _retention_job,
+)
+
+# ----------------------------------------------------------------------------------------------
+# shared runs
+
+
+@pytest.fixture(scope="session")
+def pool():
+    executor = ThreadPoolExecutor(max_workers=JOBS)
+    yield executor
+    executor.shutdown(wait=True, cancel_futures=True)  # after -x, do not run what nobody waits for
+
+
+@pytest.fixture(scope="session")
+def reference_future(pool, tmp_path_factory) -> Future:
+    run = tmp_path_factory.mktemp("reference") / "run"
+
+    def job() -> Path:
+        harness.launch(run, *REFERENCE)
+        return run
+
+    return pool.submit(job)
+
+
+@pytest.fixture(scope="session")
+def reference(reference_future) -> Path:
+    return reference_future.result()
+
+
+@pytest.fixture(scope="session")
+def independent_runs(pool, reference_future, tmp_path_factory) -> dict[str, Future]:
+    """Runs that need nothing but a fresh directory (queued behind the reference run)."""
+    base = tmp_path_factory.mktemp("independent")
+    jobs: dict[str, Future] = {}
+    for point, mode in CRASH_CASES:
+        name = f"{point.replace(':', '_')}-{mode}"
+        jobs[f"crash/{point}/{mode}"] = pool.submit(_crash_job, base / name, point, mode)
+    jobs["naive"] = pool.submit(_naive_job, base / "naive")
+    jobs["retention"] = pool.submit(_retention_job, base / "retention")
+    return jobs
+
+
+@pytest.fixture(scope="session")
+def derived_runs(pool, independent_runs, reference, tmp_path_factory) -> dict[str, Future]:
+    """Destructive cases, each on its own copy of the reference run directory (requesting
+    independent_runs first queues those runs too, whichever test file runs first)."""
+    base = tmp_path_factory.mktemp("derived")
+    jobs: dict[str, Future] = {}
+    (base / "none-verifies").mkdir()
+    jobs["none-verifies"] = pool.submit(_none_verifies_job, reference, base / "none-verifies")
+    jobs["fresh-start"] = pool.submit(_fresh_start_job, reference, base / "fresh-start")
+    for name, corrupt in CORRUPTIONS.items():
+        jobs[f"corrupt/{name}"] = pool.submit(_corruption_job, reference, base / name, corrupt)
+    for target in (DCP_METADATA, RANK0):
+        (base / f"pickle{target}").mkdir()
+        jobs[f"pickle/{target}"] = pool.submit(
+            _pickle_job, reference, base / f"pickle{target}" / "run", target
+        )
+    for name, overrides in CONFIG_CASES.items():
+        jobs[f"config/{name}"] = pool.submit(_config_job, reference, base / f"config-{name}", *overrides)
+    return jobs
+
+
+# ---------------------------------------------------------------------------------------------- interop
+# Shared by tests/test_interop_hf.py and tests/test_interop_import.py (constants in interop_cases.py).
+
+
+@pytest.fixture(scope="module")
+def offline():
+    """Never reach the network: every model here is local. Used per module via pytestmark."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("HF_HUB_OFFLINE", "1")
+        mp.setenv("TRANSFORMERS_OFFLINE", "1")
+        yield
+
+
+@pytest.fixture(scope="session")
+def runs(tmp_path_factory) -> dict[str, Path]:
+    """layout name -> the final checkpoint directory of a short real run at that layout."""
+    from harness import launch
+    from interop_cases import COMMON, LAYOUTS, STEPS
+    from truestep.checkpoint.layout import step_dir_name
+
+    found = {}
+    with pytest.MonkeyPatch.context() as mp:  # the runs were launched offline before the split too
+        mp.setenv("HF_HUB_OFFLINE", "1")
+        mp.setenv("TRANSFORMERS_OFFLINE", "1")
+        for name, (nproc, extra) in LAYOUTS.items():
+            run = tmp_path_factory.mktemp(f"interop-{name}")
+            launch(run, *COMMON, *extra, nproc=nproc)
+            found[name] = run / "checkpoints" / step_dir_name(STEPS)
+    return found
+
+
+@pytest.fixture(scope="session")
+def ckpt(runs) -> Path:
+    return runs["single"]

@@ -1,0 +1,13 @@
+"""Shared helpers for the config tests (test_config_load.py, test_config_validate.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+PRESETS = ["tiny", "small", "llama3-8b", "13b", "70b"]
+
+
+def _write(tmp_path: Path, text: str, name: str = "job.toml") -> str:
+    path = tmp_path / name
+    path.write_text(text, encoding="utf-8")
+    return str(path)
