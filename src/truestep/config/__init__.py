@@ -3,7 +3,8 @@
 This package must not import torch.distributed: configs are checked before any process-group work.
 """
 
-from truestep.config.load import ConfigError, load_config, to_dict, to_toml
+from truestep.config.errors import ConfigError
+from truestep.config.load import load_config, to_dict, to_toml
 from truestep.config.schema import (
     CheckpointConfig,
     DataConfig,

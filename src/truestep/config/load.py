@@ -8,12 +8,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from truestep.config.errors import ConfigError
 from truestep.config.schema import JobConfig
-
-
-class ConfigError(ValueError):
-    """A config problem the user can fix; the message says how."""
-
+from truestep.config.validate import validate
 
 PRESET_PACKAGE = "truestep.presets"
 
@@ -110,8 +107,6 @@ def apply_overrides(cfg: JobConfig, overrides: list[str]) -> None:
 
 def load_config(spec: str | None, overrides: list[str] | None = None) -> JobConfig:
     """Defaults <- TOML file or preset (if given) <- overrides. Validates world-independent rules."""
-    from truestep.config.validate import validate
-
     cfg = JobConfig()
     if spec:
         table, source = read_toml(spec)

@@ -6,8 +6,8 @@ the world size, and runs before any process-group work.
 
 from __future__ import annotations
 
-from truestep.config.load import ConfigError
-from truestep.config.schema import JobConfig
+from truestep.config.errors import ConfigError
+from truestep.config.schema import PREEMPTION_SIGNALS, JobConfig
 
 
 def _require(ok: bool, message: str) -> None:
@@ -78,7 +78,7 @@ def validate(cfg: JobConfig) -> None:
     _require(s.warmup_steps >= 0, "schedule.warmup_steps must be >= 0")
     _require(0.0 <= s.min_lr_ratio <= 1.0, "schedule.min_lr_ratio must be in [0, 1]")
     _require(s.decay_steps >= 0, "schedule.decay_steps must be >= 0")
-    decay = (s.decay_steps or max(1, t.max_steps // 5)) if s.kind == "wsd" else 0
+    decay = s.decay_steps_for(t.max_steps) if s.kind == "wsd" else 0
     wsd_note = f" + {decay} wsd decay steps (decay_steps=0 means 20% of max_steps)" if decay else ""
     _require(
         s.warmup_steps + decay <= t.max_steps,
@@ -91,12 +91,22 @@ def validate(cfg: JobConfig) -> None:
         f"resilience.exit_deadline_s={r.exit_deadline_s} must be below resilience.scheduler_lead_time_s="
         f"{r.scheduler_lead_time_s}: the forced exit has to happen before the scheduler's kill",
     )
-    known_signals = {"SIGTERM", "SIGUSR1", "SIGUSR2", "SIGINT", "SIGHUP"}
-    for name in filter(None, (x.strip() for x in r.signals.split(","))):
-        _require(name in known_signals, f"resilience.signals: {name!r} is not one of {sorted(known_signals)}")
+    for name in r.signal_names():
+        _require(
+            name in PREEMPTION_SIGNALS,
+            f"resilience.signals: {name!r} is not one of {list(PREEMPTION_SIGNALS)}",
+        )
     _require(r.nan_rollback_after >= 0, "resilience.nan_rollback_after must be >= 0 (0 = never roll back)")
     _require(
-        min(r.heartbeat_interval_s, r.liveness_timeout_s, r.hang_timeout_s, r.collective_timeout_s) > 0,
+        min(
+            r.heartbeat_interval_s,
+            r.liveness_timeout_s,
+            r.hang_timeout_s,
+            r.collective_timeout_s,
+            r.startup_timeout_s,
+            r.lease_ttl_s,
+        )
+        > 0,
         "resilience timeouts and heartbeat_interval_s must be positive",
     )
     _require(
@@ -121,7 +131,7 @@ def validate_layout(cfg: JobConfig, world_size: int) -> tuple[int, int]:
         f"parallel.dp_shard={dp} x parallel.tp={tp} = {dp * tp} != world size {world_size}; "
         "set parallel.dp_shard=-1 to infer it",
     )
-    micro = cfg.train.micro_batch_size or cfg.train.global_batch_size // dp
+    micro = cfg.train.micro_batch(dp)
     gbs = cfg.train.global_batch_size
     _require(
         micro > 0 and gbs % (micro * dp) == 0,

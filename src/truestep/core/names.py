@@ -1,0 +1,55 @@
+"""Every name a run directory holds and every TRUESTEP_* environment variable, defined once.
+
+The run directory is the only interface between a run and whatever studies it (analysis, `ckpt`,
+the supervisor, SLURM scripts), so its names live here and nowhere else; a test checks that no other
+module spells them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+# ---------------------------------------------------------------- run directory
+METRICS_FILE = "metrics.jsonl"
+"""One line per training step (rank 0)."""
+EVENTS_FILE = "events.jsonl"
+"""Everything a mechanism did and when: run start/end, checkpoints, signals, faults, failures."""
+CONFIG_FILE = "config.toml"
+"""The resolved config of the latest attempt."""
+HEARTBEAT_DIR = "heartbeats"
+"""Per-rank liveness and progress files watched by the supervisor."""
+HEARTBEAT_FILE = "rank{rank:05d}.json"
+CHECKPOINTS_DIR = "checkpoints"
+"""Default checkpoint root inside the run directory."""
+LEASE_FILE = "lease.json"
+"""Who owns the run directory now (job, host, pid, incarnation); see resilience/lease.py."""
+LEASE_LOCK_FILE = ".lease.lock"
+"""flock'ed around every read-modify-write of the lease."""
+ATTEMPTS_DIR = "attempts"
+"""Per-attempt files the supervisor hands to its ranks (the resolved config)."""
+TENSORBOARD_DIR = "tb"
+
+
+def heartbeat_path(run_dir: Path, rank: int) -> Path:
+    return run_dir / HEARTBEAT_DIR / HEARTBEAT_FILE.format(rank=rank)
+
+
+def attempt_config_path(run_dir: Path, attempt: int, node: int) -> Path:
+    return run_dir / ATTEMPTS_DIR / f"attempt{attempt:05d}-node{node}.toml"
+
+
+# ---------------------------------------------------------------- environment
+ENV_FAULTS = "TRUESTEP_FAULTS"
+"""';'-separated fault specs armed in every rank (docs/faults.md)."""
+ENV_ATTEMPT = "TRUESTEP_ATTEMPT"
+"""The job-wide attempt number (the run directory lease's incarnation) a supervisor gives its ranks."""
+ENV_SUPERVISOR_PID = "TRUESTEP_SUPERVISOR_PID"
+"""Set by the supervisor: its pid, which a rank checks is its parent (and dies with)."""
+ENV_JOB_START = "TRUESTEP_JOB_START"
+"""Wall-clock start of the whole job (across requeues): the origin of time-based faults."""
+ENV_JOB_ID = "TRUESTEP_JOB_ID"
+"""Identity of the job that owns the run directory lease (defaults to SLURM_JOB_ID)."""
+ENV_CONFIG_FILE = "TRUESTEP_CONFIG_FILE"
+"""Set by the supervisor: the resolved, validated config file of this attempt that ranks load."""
+ENV_CACHE = "TRUESTEP_CACHE"
+"""Where the built-in demo corpus is cached."""

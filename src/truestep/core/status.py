@@ -1,0 +1,39 @@
+"""What a rank is doing (`Phase`), why a run stopped (`StopReason`), and the small status object the
+training loop writes and the heartbeat reads."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+
+class Phase(enum.StrEnum):
+    """Reported in heartbeats; the supervisor's hang rule applies only to TRAIN."""
+
+    STARTUP = "startup"
+    """Imports, process group, model build, data: before anything is restored."""
+    RESTORE = "restore"
+    """Resolving and loading a checkpoint (at start or in a NaN rollback)."""
+    TRAIN = "train"
+    """Taking optimizer steps."""
+    CHECKPOINT = "checkpoint"
+    """Saving or committing a checkpoint (slow writes are not hangs)."""
+    SHUTDOWN = "shutdown"
+    """Final save, logs, process-group teardown."""
+
+
+class StopReason(enum.StrEnum):
+    """Why the loop stopped; `exit_code_for` maps it to the process exit code."""
+
+    COMPLETED = "completed"
+    STOP_AT_STEP = "stop_at_step"
+    PREEMPTED = "preempted"
+    INTERRUPTED = "interrupted"
+
+
+@dataclass
+class RankStatus:
+    """Written only by the training loop (train room); read by the heartbeat thread."""
+
+    phase: Phase = Phase.STARTUP
+    step: int = 0
