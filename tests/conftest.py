@@ -89,6 +89,21 @@ def derived_runs(pool, independent_runs, reference, tmp_path_factory) -> dict[st
     return jobs
 
 
+# ---------------------------------------------------------------------------------------------- supervised
+
+
+@pytest.fixture(scope="session")
+def supervised_reference(tmp_path_factory) -> Path:
+    """A failure-free run of the supervised test job (tests/supervised.py): the reference every faulted
+    supervised run must match bit for bit."""
+    from supervised import finish, supervise
+
+    run = tmp_path_factory.mktemp("supervised-ref")
+    proc = supervise(run)
+    assert finish(proc) == 0, finish.last_output  # type: ignore[attr-defined]
+    return run
+
+
 # ---------------------------------------------------------------------------------------------- interop
 # Shared by tests/test_interop_hf.py and tests/test_interop_import.py (constants in interop_cases.py).
 
@@ -107,7 +122,7 @@ def runs(tmp_path_factory) -> dict[str, Path]:
     """layout name -> the final checkpoint directory of a short real run at that layout."""
     from harness import launch
     from interop_cases import COMMON, LAYOUTS, STEPS
-    from truestep.checkpoint.layout import step_dir_name
+    from truestep.checkpoint.catalog import step_dir_name
 
     found = {}
     with pytest.MonkeyPatch.context() as mp:  # the runs were launched offline before the split too

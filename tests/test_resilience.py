@@ -6,7 +6,6 @@ Detection latencies are asserted against the configured timeouts plus generous s
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -17,79 +16,23 @@ from pathlib import Path
 import pytest
 
 from harness import TINY, events, final_digest, launch, loss_bits_by_step, truestep_env
-
-MAX = 30
-LIVENESS, HANG = 3.0, 4.0
-COMMON = [
-    f"--train.max_steps={MAX}",
-    "--checkpoint.interval=5",
-    "--resilience.heartbeat_interval_s=0.25",
-    f"--resilience.liveness_timeout_s={LIVENESS}",
-    f"--resilience.hang_timeout_s={HANG}",
-    "--resilience.collective_timeout_s=20",
-]
-SLACK = 3.0
-
-
-def supervise(
-    run_dir: Path, *overrides: str, nproc: int = 2, restarts: int = 2, faults: str = ""
-) -> subprocess.Popen:
-    cmd = [
-        sys.executable,
-        "-m",
-        "truestep",
-        "launch",
-        "tiny",
-        f"--nproc={nproc}",
-        f"--max-restarts={restarts}",
-    ]
-    cmd += [f"--run.dir={run_dir}", *TINY, *COMMON, *overrides]
-    env = truestep_env({"TRUESTEP_FAULTS": faults} if faults else None)
-    return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+from supervised import (
+    COMMON,
+    HANG,
+    LIVENESS,
+    SLACK,
+    assert_matches_reference,
+    finish,
+    supervise,
+    supervisor_events,
+    wait_for_phase,
+    wait_for_step,
+)
 
 
-def finish(proc: subprocess.Popen, timeout: float = 240) -> int:
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        out, _ = proc.communicate()
-        raise AssertionError(f"supervisor did not finish in {timeout}s:\n{out[-4000:]}") from None
-    finish.last_output = out  # type: ignore[attr-defined]
-    return proc.returncode
-
-
-def wait_for_step(run_dir: Path, rank: int, step: int, timeout: float = 120) -> int:
-    """Wait until `rank` reports at least `step` in phase train; return its pid."""
-    path = run_dir / "heartbeats" / f"rank{rank:05d}.json"
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        try:
-            beat = json.loads(path.read_text())
-            if beat["step"] >= step and beat["phase"] == "train":
-                return beat["pid"]
-        except (FileNotFoundError, json.JSONDecodeError):
-            pass
-        time.sleep(0.05)
-    raise AssertionError(f"rank {rank} never reached step {step}")
-
-
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    run = tmp_path_factory.mktemp("resilience-ref")
-    assert finish(supervise(run)) == 0
-    return run
-
-
-def assert_matches_reference(run: Path, ref: Path) -> None:
-    got, want = loss_bits_by_step(run), loss_bits_by_step(ref)
-    assert sorted(got) == list(range(1, MAX + 1))
-    assert [s for s in want if got[s] != want[s]] == []
-    assert final_digest(run) == final_digest(ref)
-
-
-def supervisor_events(run: Path, name: str) -> list[dict]:
-    return [e for e in events(run, name) if e.get("source") == "supervisor"]
+@pytest.fixture
+def reference(supervised_reference: Path) -> Path:
+    return supervised_reference
 
 
 def test_sigterm_to_supervisor_saves_and_requeues(reference: Path, tmp_path: Path) -> None:
@@ -203,20 +146,6 @@ def test_nan_steps_are_skipped_then_rolled_back(tmp_path: Path) -> None:
     assert events(run, "nan_rollback")[0]["to_step"] == 10
     assert loss_bits_by_step(run) == loss_bits_by_step(ref)
     assert final_digest(run) == final_digest(ref)
-
-
-def wait_for_phase(run_dir: Path, rank: int, phase: str, min_step: int, timeout: float = 120) -> None:
-    path = run_dir / "heartbeats" / f"rank{rank:05d}.json"
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        try:
-            beat = json.loads(path.read_text())
-            if beat["phase"] == phase and beat["step"] >= min_step:
-                return
-        except (FileNotFoundError, json.JSONDecodeError):
-            pass
-        time.sleep(0.05)
-    raise AssertionError(f"rank {rank} never reported phase {phase} at step >= {min_step}")
 
 
 def test_sigterm_during_a_checkpoint_write(reference: Path, tmp_path: Path) -> None:

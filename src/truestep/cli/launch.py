@@ -7,8 +7,9 @@ import os
 
 from truestep.config.load import load_config
 from truestep.config.validate import validate_layout
-from truestep.faults.hooks import ENV_VAR as FAULTS_ENV
-from truestep.faults.spec import parse_faults
+from truestep.core.names import ENV_FAULTS, ENV_JOB_ID
+from truestep.faults.spec import parse_faults, requested_faults
+from truestep.resilience.lease import job_id
 from truestep.resilience.supervisor import LaunchSpec, run_supervisor
 
 
@@ -16,7 +17,8 @@ def launch_main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="truestep launch",
         description="Run the ranks of one node, detect failures and hangs in seconds, restart from the "
-        "newest verified checkpoint. Exit 0 = finished, 75 = preempted (requeue me), 1 = gave up.",
+        "newest verified checkpoint. Exit codes: docs/resilience.md (0 finished, 75 preempted: requeue me, "
+        "130 interrupted, 4 run directory in use, 1 gave up).",
     )
     parser.add_argument("config", nargs="?", default="tiny", help="TOML file or preset name (default: tiny)")
     parser.add_argument("--nproc", type=int, default=1, help="ranks on this node")
@@ -26,27 +28,37 @@ def launch_main(argv: list[str]) -> int:
     parser.add_argument("--master-addr", default="127.0.0.1")
     parser.add_argument("--master-port", type=int, default=0, help="0 = a free port per attempt (1 node)")
     parser.add_argument(
+        "--job-id",
+        default="",
+        help="identity of the job that owns the run directory; every node of a job must pass the same "
+        f"(default: ${ENV_JOB_ID}, else $SLURM_JOB_ID, else MASTER_ADDR:MASTER_PORT with --nnodes > 1)",
+    )
+    parser.add_argument(
         "--fault", action="append", default=[], help="fault spec (repeatable); see docs/faults.md"
     )
     args, overrides = parser.parse_known_args(argv)
     if args.nproc < 1 or args.nnodes < 1 or args.max_restarts < 0:
         parser.error("--nproc and --nnodes must be >= 1, --max-restarts >= 0")
+    if not 0 <= args.node_rank < args.nnodes:
+        parser.error(f"--node-rank must be in [0, {args.nnodes})")
     if args.nnodes > 1 and not args.master_port:
         parser.error("--master-port is required with --nnodes > 1 (all nodes must agree on it)")
     cfg = load_config(args.config, overrides)
-    if args.fault:
-        parse_faults(";".join(args.fault))  # reject a bad spec here, not in N children
-        existing = os.environ.get(FAULTS_ENV, "")
-        os.environ[FAULTS_ENV] = ";".join(filter(None, [existing, *args.fault]))
+    faults = requested_faults(args.fault)
+    parse_faults(faults)  # reject a bad spec here, not in N children
+    if faults:
+        os.environ[ENV_FAULTS] = faults
     validate_layout(cfg, args.nproc * args.nnodes)  # fail here, not in N children
+    job = args.job_id or os.environ.get(ENV_JOB_ID) or os.environ.get("SLURM_JOB_ID")
+    if not job:
+        job = f"{args.master_addr}:{args.master_port}" if args.nnodes > 1 else job_id()
     spec = LaunchSpec(
-        config=args.config,
-        overrides=overrides,
         nproc=args.nproc,
         max_restarts=args.max_restarts,
         nnodes=args.nnodes,
         node_rank=args.node_rank,
         master_addr=args.master_addr,
         master_port=args.master_port,
+        job_id=job,
     )
     return run_supervisor(spec, cfg)

@@ -6,9 +6,12 @@ import importlib
 import sys
 from collections.abc import Callable
 
-from truestep.config.load import ConfigError
+from truestep.config.errors import ConfigError
+from truestep.core.errors import TruestepError
 
-USAGE = """usage: truestep COMMAND [ARGS]
+USAGE = """usage: truestep [--debug] COMMAND [ARGS]
+
+  --debug   print the Python traceback of an error instead of its one-line message
 
 commands:
   train [CONFIG] [--section.key=value ...]   train or resume (CONFIG: TOML file or preset; default tiny)
@@ -62,7 +65,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "ckpt": ("truestep.cli.ckpt", "ckpt_main"),
     "export": ("truestep.cli.interop", "export_main"),
     "import-hf": ("truestep.cli.interop", "import_hf_main"),
-    "prepare-data": ("truestep.data.cli", "prepare_data_main"),
+    "prepare-data": ("truestep.cli.prepare_data", "prepare_data_main"),
     "config": ("truestep.cli.main", "_config_main"),
     "presets": ("truestep.cli.main", "_presets_main"),
 }
@@ -75,12 +78,18 @@ def _command(name: str) -> Callable[[list[str]], int]:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    debug = bool(argv) and argv[0] == "--debug"
+    if debug:
+        argv = argv[1:]
     if not argv or argv[0] in ("-h", "--help"):
         print(USAGE)
         return 0 if argv else 2
     if argv[0] == "train":
-        from truestep.resilience import early_signals  # before torch is imported
+        # Before anything else: die with the supervisor, and catch signals during the imports.
+        from truestep.resilience import early_signals
+        from truestep.resilience.orphan import die_with_supervisor
 
+        die_with_supervisor()
         early_signals.capture()
     name, rest = argv[0], argv[1:]
     if name not in COMMANDS:
@@ -88,9 +97,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         return _command(name)(rest)
-    except ConfigError as err:
-        print(f"truestep {name}: config error: {err}", file=sys.stderr)
-        return 2
+    except TruestepError as err:
+        if debug:
+            raise
+        # Expected bad input: one line and the documented exit code (docs/resilience.md), no traceback.
+        kind = "config error: " if isinstance(err, ConfigError) else ""
+        print(f"truestep {name}: {kind}{err}", file=sys.stderr)
+        return int(err.exit_code)
 
 
 if __name__ == "__main__":

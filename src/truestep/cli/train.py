@@ -1,39 +1,23 @@
-"""`truestep train [CONFIG] [--section.key=value ...]`: wire the rooms together and run the loop."""
+"""`truestep train [CONFIG] [--section.key=value ...]`: load the config, start the heartbeat, then run.
+
+Everything up to the first heartbeat uses the standard library only; torch, the model and the data are
+imported after it (in `truestep.train.run`), so a rank that stops while importing is visible to the
+supervisor's start-up deadline within a fraction of a second of being spawned.
+"""
 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
-from truestep.checkpoint.hook import CheckpointHook
 from truestep.config.load import load_config
-from truestep.config.schema import JobConfig
-from truestep.faults.hooks import arm, armed
-from truestep.faults.spec import parse_faults
-from truestep.parallel.dist import init_distributed, shutdown
-from truestep.resilience.heartbeat import HeartbeatHook
-from truestep.resilience.nan_guard import NanGuardHook
-from truestep.resilience.signals import SignalHook
-from truestep.resilience.timeouts import CollectiveTimeoutHook
-from truestep.telemetry.hook import MetricsHook
-from truestep.train.loop import Hook, train_loop
-from truestep.train.trainer import Trainer
-
-
-def build_hooks() -> list[Hook]:
-    """In call order. Checkpoint first: its on_start restores the state the others then report."""
-    checkpoints = CheckpointHook()
-    return [
-        checkpoints,
-        HeartbeatHook(),
-        CollectiveTimeoutHook(),
-        MetricsHook(),
-        NanGuardHook(checkpoints),
-        SignalHook(),
-    ]
-
-
-def exit_code(cfg: JobConfig, stop_reason: str | None) -> int:
-    return cfg.resilience.requeue_exit_code if stop_reason == "preempted" else 0
+from truestep.core.env import world_from_env
+from truestep.core.status import RankStatus
+from truestep.faults.hooks import arm, fault_point
+from truestep.faults.hooks import set_context as set_fault_context
+from truestep.faults.spec import parse_faults, requested_faults
+from truestep.resilience.attempt import supervised_attempt
+from truestep.resilience.heartbeat import Heartbeat
 
 
 def train_main(argv: list[str]) -> int:
@@ -47,14 +31,16 @@ def train_main(argv: list[str]) -> int:
     )
     args, overrides = parser.parse_known_args(argv)
     cfg = load_config(args.config, overrides)
-    if args.fault:
-        arm([*armed(), *parse_faults(";".join(args.fault))])
-    ctx = init_distributed(cfg)
-    trainer = Trainer(cfg, ctx)
-    try:
-        train_loop(trainer, build_hooks())
-    finally:
-        trainer.logs.close()
-    code = exit_code(cfg, trainer.stop_reason)
-    shutdown(ctx, code)
-    return code
+    arm(parse_faults(requested_faults(args.fault)))
+    status = RankStatus()
+    run_dir = Path(cfg.run.dir)
+    attempt = supervised_attempt(run_dir)
+    if attempt is not None:
+        set_fault_context(run_dir=run_dir, attempt=attempt.number)
+    fault_point("startup")
+    if attempt is not None and cfg.resilience.heartbeat:
+        rank, interval = world_from_env()[0], cfg.resilience.heartbeat_interval_s
+        Heartbeat(run_dir, rank, attempt.number, status, interval, attempt.fence).start()
+    from truestep.train.run import run_training  # torch and the model: after the first heartbeat
+
+    return run_training(cfg, status, attempt)

@@ -1,9 +1,10 @@
-"""Catch preemption signals from the first moment of a rank's life.
+"""Catch preemption signals and Ctrl-C from the first moment of a rank's life.
 
 A signal that arrives while torch is still importing or the model is being built would otherwise kill
-the rank with the default action (seen under SLURM: a USR1 nine seconds into an attempt). `capture()`
-runs before any heavy import and only records the signal; `SignalWatcher` adopts it once the config says
-which signals mean preemption, and re-delivers any other with its default action.
+the rank with the default action (seen under SLURM: a USR1 nine seconds into an attempt) or print a
+KeyboardInterrupt traceback. `capture()` runs before any heavy import and only records the signal;
+`SignalWatcher` adopts it once the config says which signals mean preemption, and re-delivers any other
+with its default action.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import signal
 import time
 
-EARLY_SIGNALS = ("SIGTERM", "SIGUSR1", "SIGUSR2")
+EARLY_SIGNALS = ("SIGTERM", "SIGUSR1", "SIGUSR2", "SIGINT")
 pending: list[tuple[str, float]] = []
 
 

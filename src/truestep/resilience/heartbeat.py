@@ -1,71 +1,89 @@
-"""Per-rank heartbeats for the supervisor: liveness (a timestamp the thread refreshes on its own
-schedule, so it keeps beating while the loop is inside a long collective) and progress (the step and
-phase, so a rank alive but stuck is visible too).
+"""Per-rank heartbeats for the supervisor: liveness (a timestamp a thread refreshes on its own
+schedule, so it keeps beating while the loop is inside a long collective or a restore) and progress (the
+step and phase the training loop last reported, so a rank alive but stuck is visible too).
 
-File: <run.dir>/heartbeats/rankNNNNN.json = {pid, rank, time, step, phase}, replaced atomically.
+The heartbeat starts as early as a rank knows who it is, before torch is imported, so a rank that stops
+while importing or meeting its peers is caught by the supervisor's start-up deadline rather than never.
+Its thread also re-checks the run directory lease every few seconds: a rank whose attempt no longer owns
+the directory (an orphan, a partitioned node) exits with code FENCED instead of writing on.
+
+File: <run.dir>/heartbeats/rankNNNNN.json = {pid, rank, attempt, time, step, phase}, replaced atomically.
+Standard library only.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from truestep.train.trainer import StepResult, Trainer
+from truestep.core.errors import ExitCode, FencedError
+from truestep.core.fsio import atomic_write, make_dir
+from truestep.core.names import heartbeat_path
+from truestep.core.status import RankStatus
 
-HEARTBEAT_DIR = "heartbeats"
-
-
-def heartbeat_path(run_dir: Path, rank: int) -> Path:
-    return run_dir / HEARTBEAT_DIR / f"rank{rank:05d}.json"
+FENCE_CHECK_S = 2.0
+"""How often the heartbeat thread re-reads the lease (a few reads per rank and minute)."""
 
 
 def read_heartbeat(path: Path) -> dict[str, Any] | None:
-    """The last complete heartbeat, or None if none was written yet."""
+    """The last complete heartbeat, or None if none was written yet (or it is not a heartbeat)."""
     try:
-        return json.loads(path.read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
+        beat = json.loads(path.read_text())
+    except (OSError, ValueError, RecursionError):
         return None
+    return beat if isinstance(beat, dict) and isinstance(beat.get("time"), int | float) else None
 
 
-class HeartbeatHook:
-    def __init__(self) -> None:
-        self._thread: threading.Thread | None = None
+class Heartbeat:
+    """Writes this rank's heartbeat every `interval_s` from a daemon thread until the process exits."""
 
-    def on_start(self, trainer: Trainer) -> None:
-        if not trainer.cfg.resilience.heartbeat:
-            return
-        path = heartbeat_path(trainer.run_dir, trainer.ctx.rank)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        interval = trainer.cfg.resilience.heartbeat_interval_s
-        self._thread = threading.Thread(
-            target=self._beat, args=(trainer, path, interval), name="truestep-heartbeat", daemon=True
-        )
-        self._thread.start()
+    def __init__(
+        self,
+        run_dir: Path,
+        rank: int,
+        attempt: int,
+        status: RankStatus,
+        interval_s: float,
+        fence: Callable[[], None] | None = None,
+    ) -> None:
+        self.path = heartbeat_path(run_dir, rank)
+        self.rank = rank
+        self.attempt = attempt
+        self.status = status
+        self.interval_s = interval_s
+        self.fence = fence
 
-    def _beat(self, trainer: Trainer, path: Path, interval: float) -> None:
-        tmp = path.with_name(f".{path.name}.tmp")
+    def start(self) -> None:
+        make_dir(self.path.parent)
+        self._write()  # the first beat before returning: start-up is visible at once
+        threading.Thread(target=self._beat, name="truestep-heartbeat", daemon=True).start()
+
+    def _write(self) -> None:
+        record = {
+            "pid": os.getpid(),
+            "rank": self.rank,
+            "attempt": self.attempt,
+            "time": time.time(),
+            "step": self.status.step,
+            "phase": str(self.status.phase),
+        }
+        atomic_write(self.path, json.dumps(record).encode(), durable=False)
+
+    def _beat(self) -> None:
+        fenced_at = time.monotonic()
         while True:
-            record = {
-                "pid": os.getpid(),
-                "rank": trainer.ctx.rank,
-                "time": time.time(),
-                "step": trainer.state.step,
-                "phase": trainer.phase,
-            }
-            tmp.write_text(json.dumps(record))
-            os.replace(tmp, path)
-            time.sleep(interval)
-
-    def after_step(self, trainer: Trainer, result: StepResult) -> None:
-        pass
-
-    def on_end(self, trainer: Trainer) -> None:
-        # Keep beating until the process exits: shutdown (final digest, process-group teardown,
-        # interpreter exit) can take seconds, and a silent rank would look hung. The supervisor bounds
-        # the shutdown phase separately.
-        pass
+            time.sleep(self.interval_s)
+            if self.fence is not None and time.monotonic() - fenced_at >= FENCE_CHECK_S:
+                fenced_at = time.monotonic()
+                try:
+                    self.fence()
+                except FencedError as err:
+                    print(f"truestep train: rank {self.rank}: {err}", file=sys.stderr, flush=True)
+                    os._exit(ExitCode.FENCED)
+            self._write()

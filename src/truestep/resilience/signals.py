@@ -1,5 +1,8 @@
-"""Preemption signals: caught on any rank, agreed across ranks, ending in an emergency save and a
-"requeue me" exit code.
+"""Preemption signals and Ctrl-C: caught on any rank, agreed across ranks, ending in an emergency save.
+
+- A preemption signal (`resilience.signals`, default SIGTERM,SIGUSR1) ends in exit code 75: requeue me.
+- The first SIGINT (Ctrl-C) is handled the same way but ends in exit code 130 (interrupted: a person
+  asked, so nothing requeues it); a second SIGINT means "stop now": exit 130 at once, no checkpoint.
 
 Python runs signal handlers only when the main thread is back in the interpreter, which a rank blocked
 in a collective may never be. So the C-level handler's wake-up byte goes to a pipe read by a watcher
@@ -11,28 +14,34 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import threading
 import time
-from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 
+from truestep.core.errors import ExitCode
+from truestep.core.status import StopReason
+from truestep.parallel.dist import DistContext
 from truestep.resilience import early_signals
 
-if TYPE_CHECKING:
-    from truestep.train.trainer import StepResult, Trainer
+# Agreement flags, all-reduced with MAX: an interrupt wins over a preemption on another rank.
+NONE, PREEMPT, INTERRUPT = 0, 1, 2
 
 
 class SignalWatcher:
     """Owns the handlers and the watcher thread; `received` is the first signal's name or None."""
 
-    def __init__(self, names: list[str], deadline_s: float, hard_exit_code: int) -> None:
+    def __init__(self, preemption: list[signal.Signals], deadline_s: float, hard_exit_code: int) -> None:
         self.received: str | None = None
         self.received_at: float | None = None
+        self.flag = NONE
+        self.interrupts = 0
         self.deadline_s = deadline_s
         self.hard_exit_code = hard_exit_code
-        self.signums = [signal.Signals[name] for name in names]
+        self.preemption = list(preemption)
+        self.signums = self.preemption + ([] if signal.SIGINT in self.preemption else [signal.SIGINT])
         self._read_fd, write_fd = os.pipe()
         os.set_blocking(write_fd, False)
         for signum in self.signums:
@@ -46,9 +55,7 @@ class SignalWatcher:
         handled = {s.name for s in self.signums}
         for name, at in early_signals.pending:
             if name in handled:
-                if self.received is None:
-                    self.received, self.received_at = name, at
-                    threading.Timer(self.deadline_s, self._force_exit).start()
+                self._note(signal.Signals[name], at)
             else:  # not a preemption signal for this config: its default action, as if never caught
                 signal.signal(signal.Signals[name], signal.SIG_DFL)
                 os.kill(os.getpid(), signal.Signals[name])
@@ -57,14 +64,28 @@ class SignalWatcher:
             if name not in handled:
                 signal.signal(signal.Signals[name], signal.SIG_DFL)
 
+    def _note(self, signum: signal.Signals, at: float) -> None:
+        if signum == signal.SIGINT and signum not in self.preemption:
+            self.interrupts += 1
+            if self.interrupts >= 2:
+                print(
+                    "truestep: second Ctrl-C: stopping now, without a checkpoint", file=sys.stderr, flush=True
+                )
+                os._exit(ExitCode.INTERRUPTED)
+            flag = INTERRUPT
+        else:
+            flag = PREEMPT
+        if self.received is None:
+            self.received, self.received_at = signum.name, at
+            threading.Timer(self.deadline_s, self._force_exit).start()
+        self.flag = max(self.flag, flag)
+
     def _watch(self) -> None:
         while True:
             data = os.read(self._read_fd, 64)
             for byte in data:
-                if byte in self.signums and self.received is None:
-                    self.received = signal.Signals(byte).name
-                    self.received_at = time.time()
-                    threading.Timer(self.deadline_s, self._force_exit).start()
+                if byte in self.signums:
+                    self._note(signal.Signals(byte), time.time())
 
     def _force_exit(self) -> None:
         print(
@@ -74,35 +95,11 @@ class SignalWatcher:
         )
         os._exit(self.hard_exit_code)
 
-
-class SignalHook:
-    def __init__(self) -> None:
-        self.watcher: SignalWatcher | None = None
-
-    def on_start(self, trainer: Trainer) -> None:
-        r = trainer.cfg.resilience
-        names = [x.strip() for x in r.signals.split(",") if x.strip()]
-        self.watcher = SignalWatcher(names, r.exit_deadline_s, r.requeue_exit_code + 1)
-
-    def _agreed(self, trainer: Trainer) -> bool:
-        assert self.watcher is not None
-        mine = self.watcher.received is not None
-        if not (trainer.ctx.distributed and trainer.cfg.resilience.signal_agreement):
-            return mine
-        flag = torch.tensor([1 if mine else 0], dtype=torch.int64, device=trainer.ctx.device)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        return bool(flag.item())
-
-    def after_step(self, trainer: Trainer, result: StepResult) -> None:
-        assert self.watcher is not None
-        if trainer.stop_reason is None and self._agreed(trainer):
-            trainer.stop_reason = "preempted"
-            trainer.logs.event(
-                "signal_received",
-                signal=self.watcher.received or "peer",
-                received_at=self.watcher.received_at,
-                stop_step=trainer.state.step,
-            )
-
-    def on_end(self, trainer: Trainer) -> None:
-        pass
+    def agreed_stop(self, ctx: DistContext, agree: bool) -> StopReason | None:
+        """Collective when `agree` and distributed: the stop every rank takes at this step boundary."""
+        flag = self.flag
+        if agree and ctx.distributed:
+            t = torch.tensor([flag], dtype=torch.int64, device=ctx.device)
+            dist.all_reduce(t, op=dist.ReduceOp.MAX)
+            flag = int(t.item())
+        return {NONE: None, PREEMPT: StopReason.PREEMPTED, INTERRUPT: StopReason.INTERRUPTED}[flag]

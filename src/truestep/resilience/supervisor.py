@@ -1,9 +1,15 @@
-"""The local supervisor behind `truestep launch`: runs the ranks of one node, watches them, tears the
-job down promptly on a failure or hang, and restarts it like a SLURM requeue would.
+"""The local supervisor behind `truestep launch`: holds the run directory lease, runs the ranks of one
+node, watches them (resilience/watch.py), tears the job down promptly on a failure or hang, and restarts
+it like a SLURM requeue would.
 
 Why not torchrun's elastic agent: it never notices a hung rank, its file-timer watchdog takes itself down
 too, and restarting gloo ranks at different times needs a workaround. Here every attempt gets a fresh
-rendezvous port, so nothing of the previous attempt's store survives into the next.
+rendezvous port (on one node), so nothing of the previous attempt's store survives into the next.
+
+Attempts are numbered job-wide by the lease's incarnation: node 0 bumps it, the other nodes of a
+multi-node job wait for the bump, so every node and every rank logs the same number for one attempt.
+Ranks run in their own session (a Ctrl-C reaches only the supervisor, which forwards it exactly once)
+and die with the supervisor (resilience/orphan.py).
 """
 
 from __future__ import annotations
@@ -14,21 +20,33 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
+from truestep.config.load import to_toml
 from truestep.config.schema import JobConfig
-from truestep.resilience.heartbeat import HEARTBEAT_DIR, heartbeat_path, read_heartbeat
-from truestep.telemetry.jsonl import JsonlWriter, read_jsonl
-from truestep.telemetry.run_logs import EVENTS_FILE
+from truestep.core.errors import ExitCode, FencedError
+from truestep.core.fsio import atomic_write, make_dir
+from truestep.core.names import (
+    ENV_ATTEMPT,
+    ENV_JOB_ID,
+    ENV_JOB_START,
+    ENV_SUPERVISOR_PID,
+    EVENTS_FILE,
+    attempt_config_path,
+    heartbeat_path,
+)
+from truestep.resilience.lease import RunDirLease, await_attempt
+from truestep.resilience.watch import AttemptWatch, Failure, Rank
+from truestep.telemetry.jsonl import JsonlWriter
 
 POLL_S = 0.1
+NOT_RETRYABLE = {ExitCode.USAGE, ExitCode.REFUSED, ExitCode.BUSY, ExitCode.FENCED}
+"""A rank exit code that another attempt cannot change: stop and pass it on."""
 
 
 @dataclass
 class LaunchSpec:
-    config: str
-    overrides: list[str]
     nproc: int
     max_restarts: int = 3
     nnodes: int = 1
@@ -36,15 +54,8 @@ class LaunchSpec:
     master_addr: str = "127.0.0.1"
     master_port: int = 0
     """0 = pick a free port for every attempt (single node only)."""
-
-
-@dataclass
-class Failure:
-    kind: str
-    """process_exit, stale_heartbeat or no_progress."""
-    rank: int
-    detail: str
-    exit_codes: dict[int, int | None] = field(default_factory=dict)
+    job_id: str = ""
+    """Identity of the job holding the run directory lease; every node of a job must use the same."""
 
 
 def free_port() -> int:
@@ -58,132 +69,154 @@ class Supervisor:
         self.spec = spec
         self.cfg = cfg
         self.run_dir = Path(cfg.run.dir)
-        self.run_dir.mkdir(parents=True, exist_ok=True)
+        make_dir(self.run_dir)
+        self.lease = RunDirLease(self.run_dir, spec.job_id, cfg.resilience.lease_ttl_s)
+        taken_over = self.lease.acquire() if spec.node_rank == 0 else None  # refuses a second job
         self.events = JsonlWriter(
             self.run_dir / EVENTS_FILE, {"source": "supervisor", "node": spec.node_rank}
         )
+        if taken_over is not None:
+            self.events.write({"event": "lease_taken_over", "previous": taken_over.describe()})
         self.requeue_code = cfg.resilience.requeue_exit_code
         self.signalled: str | None = None
+        self.interrupts = 0
+        self.lost_lease: FencedError | None = None
+        self.attempt = -1
         self.job_start = time.time()
-        # Attempts are numbered across requeues (each launch of the supervisor continues the count),
-        # like the trainer's attempt id: TRUESTEP_RESTART_COUNT is this global number.
-        self.first_attempt = sum(
-            1 for e in read_jsonl(self.run_dir / EVENTS_FILE) if e.get("event") == "attempt_start"
-        )
-        for name in filter(None, (s.strip() for s in cfg.resilience.signals.split(","))):
-            signal.signal(signal.Signals[name], self._on_signal)
+        preemption = cfg.resilience.preemption_signals()
+        for signum in preemption:
+            signal.signal(signum, self._on_signal)
+        if signal.SIGINT not in preemption:
+            signal.signal(signal.SIGINT, self._on_interrupt)
 
     def _on_signal(self, signum: int, frame: object) -> None:
         if self.signalled is None:
             self.signalled = signal.Signals(signum).name
             self.events.write({"event": "supervisor_signal", "signal": self.signalled})
 
+    def _on_interrupt(self, signum: int, frame: object) -> None:
+        self.interrupts += 1
+        self.events.write({"event": "supervisor_signal", "signal": "SIGINT", "count": self.interrupts})
+
+    def _on_lease_lost(self, err: FencedError) -> None:
+        self.lost_lease = err
+
     # --- one attempt -------------------------------------------------------------------------------
 
-    def _spawn(self, attempt: int) -> list[subprocess.Popen]:
+    def _next_attempt(self) -> int:
+        if self.spec.node_rank == 0:
+            return self.lease.begin_attempt()
+        timeout = self.cfg.resilience.startup_timeout_s
+        return await_attempt(self.run_dir, self.spec.job_id, self.attempt, timeout)
+
+    def _spawn(self, attempt: int) -> list[Rank]:
         port = self.spec.master_port or free_port()
         world = self.spec.nproc * self.spec.nnodes
-        hb_dir = self.run_dir / HEARTBEAT_DIR
-        if hb_dir.is_dir():
-            for stale in hb_dir.iterdir():
-                stale.unlink()
-        procs = []
+        config_file = attempt_config_path(self.run_dir, attempt, self.spec.node_rank)
+        make_dir(config_file.parent)
+        atomic_write(config_file, to_toml(self.cfg).encode())  # ranks load this, never the user's file
+        first = self.spec.node_rank * self.spec.nproc
+        for rank in range(first, first + self.spec.nproc):
+            heartbeat_path(self.run_dir, rank).unlink(missing_ok=True)
+        ranks = []
         for local in range(self.spec.nproc):
             env = dict(os.environ)
             env.update(
-                RANK=str(self.spec.node_rank * self.spec.nproc + local),
+                RANK=str(first + local),
                 LOCAL_RANK=str(local),
                 WORLD_SIZE=str(world),
                 LOCAL_WORLD_SIZE=str(self.spec.nproc),
                 GROUP_RANK=str(self.spec.node_rank),
                 MASTER_ADDR=self.spec.master_addr,
                 MASTER_PORT=str(port),
-                TRUESTEP_RESTART_COUNT=str(attempt),
-                TRUESTEP_SUPERVISOR_PID=str(os.getpid()),
+                OMP_NUM_THREADS=str(self.cfg.parallel.num_threads),
             )
-            env.setdefault("TRUESTEP_JOB_START", str(self.job_start))
-            env.setdefault("OMP_NUM_THREADS", str(self.cfg.parallel.num_threads))
-            cmd = [sys.executable, "-m", "truestep", "train", self.spec.config, *self.spec.overrides]
-            procs.append(subprocess.Popen(cmd, env=env))
+            env[ENV_ATTEMPT] = str(attempt)
+            env[ENV_SUPERVISOR_PID] = str(os.getpid())
+            env[ENV_JOB_ID] = self.spec.job_id
+            env.setdefault(ENV_JOB_START, str(self.job_start))
+            cmd = [sys.executable, "-m", "truestep", "train", str(config_file)]
+            proc = subprocess.Popen(cmd, env=env, start_new_session=True)
+            ranks.append(Rank(first + local, proc, time.time()))
         self.events.write(
             {
                 "event": "attempt_start",
-                "restart": attempt,
-                "pids": [p.pid for p in procs],
+                "attempt": attempt,
+                "pids": [r.proc.pid for r in ranks],
                 "master_port": port,
             }
         )
-        return procs
+        return ranks
 
-    def _check_heartbeats(
-        self, procs: list[subprocess.Popen], progress: dict[int, tuple[int, str, float]]
-    ) -> Failure | None:
-        """Liveness for every phase; progress only while every rank trains; a bound on shutdown.
+    def _exit_outcome(self, codes: dict[int, int | None]) -> tuple[str, Failure | None] | None:
+        bad = {r: c for r, c in codes.items() if c is not None and c not in self._clean_codes()}
+        if bad:
+            stop = sorted(c for c in bad.values() if c in NOT_RETRYABLE)
+            if stop:
+                return f"exit:{stop[0]}", None
+            killed = [r for r, c in bad.items() if c < 0]  # died of a signal: the likely origin
+            rank = (killed or sorted(bad))[0]
+            return "failed", Failure("process_exit", rank, f"exit codes {bad}", codes)
+        if any(c is None for c in codes.values()):
+            return None
+        if all(c == 0 for c in codes.values()):
+            return "completed", None
+        if any(c == ExitCode.INTERRUPTED for c in codes.values()):
+            return "interrupted", None
+        return "requeue", None
 
-        Progress is judged job-wide: while any rank is starting, checkpointing or restoring, its peers
-        may legitimately sit in a collective waiting for it, so nobody's stall clock runs.
-        """
-        r = self.cfg.resilience
-        now = time.time()
-        beats: dict[int, dict] = {}
-        for local, proc in enumerate(procs):
-            rank = self.spec.node_rank * self.spec.nproc + local
-            beat = read_heartbeat(heartbeat_path(self.run_dir, rank))
-            if beat is None or beat.get("pid") != proc.pid or proc.poll() is not None:
-                continue  # not started yet, or exited (handled by the exit check)
-            age = now - beat["time"]
-            if age > r.liveness_timeout_s:
-                return Failure("stale_heartbeat", rank, f"no heartbeat for {age:.1f}s (stopped or hung)")
-            beats[rank] = beat
-        everyone_training = len(beats) == len(procs) and all(b["phase"] == "train" for b in beats.values())
-        for rank, beat in beats.items():
-            step, phase, since = progress.get(rank, (beat["step"], beat["phase"], now))
-            if (beat["step"], beat["phase"]) != (step, phase) or (phase == "train" and not everyone_training):
-                step, phase, since = beat["step"], beat["phase"], now
-            progress[rank] = (step, phase, since)
-            if phase == "train" and now - since > r.hang_timeout_s:
-                return Failure("no_progress", rank, f"step {step} has not advanced for {now - since:.1f}s")
-            if phase == "shutdown" and now - since > r.collective_timeout_s + 30.0:
-                return Failure("stuck_in_shutdown", rank, f"still shutting down after {now - since:.1f}s")
-        return None
+    def _clean_codes(self) -> set[int]:
+        return {0, self.requeue_code, self.requeue_code + 1, ExitCode.INTERRUPTED}
 
-    def _watch(self, procs: list[subprocess.Popen]) -> tuple[str, Failure | None]:
-        """Return ("completed" | "requeue" | "failed", failure)."""
-        forwarded = False
-        progress: dict[int, tuple[int, str, float]] = {}
-        ok_codes = {0, self.requeue_code, self.requeue_code + 1}
+    def _watch(self, ranks: list[Rank]) -> tuple[str, Failure | None]:
+        """Return (completed | requeue | interrupted | failed | fenced | exit:CODE, failure)."""
+        forwarded = interrupts_forwarded = 0
+        watch = AttemptWatch(self.run_dir, ranks, self.cfg.resilience)
         while True:
+            if self.lost_lease is not None:
+                return "fenced", None
             if self.signalled and not forwarded:
-                for proc in procs:
-                    if proc.poll() is None:
-                        proc.send_signal(signal.Signals[self.signalled])
-                forwarded = True
+                self._send(ranks, signal.Signals[self.signalled])
+                forwarded = 1
                 self.events.write({"event": "signal_forwarded", "signal": self.signalled})
-            codes = {i: p.poll() for i, p in enumerate(procs)}
-            bad = {i: c for i, c in codes.items() if c is not None and c not in ok_codes}
-            if bad:
-                killed = [i for i, c in bad.items() if c < 0]  # died of a signal: the likely origin
-                rank = (killed or sorted(bad))[0] + self.spec.node_rank * self.spec.nproc
-                return "failed", Failure("process_exit", rank, f"exit codes {bad}", codes)
-            if all(c is not None for c in codes.values()):
-                if all(c == 0 for c in codes.values()):
-                    return "completed", None
-                return "requeue", None
+            if self.interrupts > interrupts_forwarded:
+                if self.interrupts >= 2:
+                    return "interrupted", None  # "stop now": the teardown kills every rank
+                self._send(ranks, signal.SIGINT)
+                interrupts_forwarded = self.interrupts
+                self.events.write({"event": "signal_forwarded", "signal": "SIGINT"})
+            codes = {r.rank: r.proc.poll() for r in ranks}
+            outcome = self._exit_outcome(codes)
+            if outcome is not None:
+                return outcome
             if self.cfg.resilience.heartbeat:
-                failure = self._check_heartbeats(procs, progress)
+                failure = watch.check()
                 if failure is not None:
                     failure.exit_codes = codes
                     return "failed", failure
             time.sleep(POLL_S)
 
-    def _teardown(self, procs: list[subprocess.Popen]) -> None:
+    @staticmethod
+    def _send(ranks: list[Rank], signum: signal.Signals) -> None:
+        for rank in ranks:
+            if rank.proc.poll() is None:
+                rank.proc.send_signal(signum)
+
+    @staticmethod
+    def _teardown(ranks: list[Rank]) -> None:
         """Kill every survivor now: after a failure nothing they do is worth waiting for (the newest
         committed checkpoint is the restart point), and SIGKILL also ends a SIGSTOPped process."""
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-        for proc in procs:
-            proc.wait()
+        for rank in ranks:
+            if rank.proc.poll() is None:
+                rank.proc.kill()
+        for rank in ranks:
+            rank.proc.wait()
+
+    def _end(self, outcome: str, restarts: int, code: int) -> int:
+        self.events.write(
+            {"event": "supervisor_end", "outcome": outcome, "restarts": restarts, "exit_code": code}
+        )
+        return code
 
     # --- the restart loop --------------------------------------------------------------------------
 
@@ -194,41 +227,53 @@ class Supervisor:
                 "nproc": self.spec.nproc,
                 "nnodes": self.spec.nnodes,
                 "max_restarts": self.spec.max_restarts,
+                "job": self.spec.job_id,
                 "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
                 "slurm_restart_count": os.environ.get("SLURM_RESTART_COUNT"),
             }
         )
+        if self.spec.node_rank == 0:
+            self.lease.keep(self._on_lease_lost)
         restarts = 0
         while True:
-            procs = self._spawn(self.first_attempt + restarts)
-            outcome, failure = self._watch(procs)
-            if failure is not None:
+            self.attempt = self._next_attempt()
+            ranks = self._spawn(self.attempt)
+            outcome, failure = self._watch(ranks)
+            if failure is not None or outcome in ("fenced", "interrupted"):
                 detected = time.time()
-                self.events.write(
-                    {
-                        "event": "failure_detected",
-                        "kind": failure.kind,
-                        "rank": failure.rank,
-                        "detail": failure.detail,
-                        "exit_codes": {str(k): v for k, v in failure.exit_codes.items()},
-                        "detected_at": detected,
-                    }
-                )
-                self._teardown(procs)
+                if failure is not None:
+                    self.events.write(
+                        {
+                            "event": "failure_detected",
+                            "attempt": self.attempt,
+                            "kind": failure.kind,
+                            "rank": failure.rank,
+                            "detail": failure.detail,
+                            "exit_codes": {str(k): v for k, v in failure.exit_codes.items()},
+                            "detected_at": detected,
+                        }
+                    )
+                self._teardown(ranks)
                 self.events.write({"event": "teardown_complete", "teardown_s": time.time() - detected})
             else:
-                for proc in procs:
-                    proc.wait()
+                for rank in ranks:
+                    rank.proc.wait()
             if outcome == "completed":
-                self.events.write({"event": "supervisor_end", "outcome": "completed", "restarts": restarts})
-                return 0
+                return self._end(outcome, restarts, ExitCode.OK)
+            if outcome == "fenced":
+                print(f"truestep launch: {self.lost_lease}", file=sys.stderr, flush=True)
+                return self._end(outcome, restarts, ExitCode.FENCED)
+            if outcome == "interrupted" or self.interrupts:
+                return self._end("interrupted", restarts, ExitCode.INTERRUPTED)
+            if outcome.startswith("exit:"):
+                return self._end("refused", restarts, int(outcome.split(":")[1]))
             if self.signalled:
                 # We are being preempted ourselves: the scheduler requeues the whole job.
-                self.events.write({"event": "supervisor_end", "outcome": "requeue", "restarts": restarts})
-                return self.requeue_code
+                return self._end("requeue", restarts, self.requeue_code)
             if restarts >= self.spec.max_restarts:
-                self.events.write({"event": "supervisor_end", "outcome": "gave_up", "restarts": restarts})
-                return self.requeue_code if outcome == "requeue" else 1
+                return self._end(
+                    "gave_up", restarts, self.requeue_code if outcome == "requeue" else ExitCode.FAILURE
+                )
             restarts += 1
             self.events.write({"event": "restart", "restart": restarts, "after": outcome})
 
@@ -238,4 +283,6 @@ def run_supervisor(spec: LaunchSpec, cfg: JobConfig) -> int:
     try:
         return supervisor.run()
     finally:
+        if spec.node_rank == 0:
+            supervisor.lease.release()
         supervisor.events.close()

@@ -1,0 +1,274 @@
+"""One owner per run directory: an exclusive lease held by the job, and fencing by incarnation.
+
+`lease.json` names the job that owns the run directory (job id, host, pid, boot id, process start time)
+and its *incarnation*: the job-wide attempt number, bumped by the holder at every attempt (restart or
+requeue) and handed to every rank. Every read-modify-write happens under `flock(.lease.lock)`.
+
+- A second job is refused while the holder lives, with a message naming it. A holder on this host is
+  alive iff its pid runs with the recorded start time (pid reuse and reboots are recognised); on another
+  host (a shared filesystem), iff it renewed the lease within `ttl_s`.
+- The same job (a SLURM requeue keeps its job id) takes over at once: the scheduler has ended the old
+  incarnation, and whatever survives of it (an orphan, a partitioned node) is fenced.
+- Fencing: a writer checks that the lease still names its job and incarnation before it publishes
+  (commit markers record the incarnation) and ranks check it every few seconds; a stale writer stops
+  with exit code FENCED instead of writing into a directory the job has moved on from.
+Released leases stay on disk (`released: true`) so incarnations keep counting across jobs.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from truestep.core.errors import FencedError, RunDirBusyError
+from truestep.core.fsio import atomic_write
+from truestep.core.names import ENV_JOB_ID, EVENTS_FILE, LEASE_FILE, LEASE_LOCK_FILE
+
+LEASE_FORMAT = "truestep-lease"
+
+
+def _boot_id() -> str:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return ""
+
+
+def process_start_ticks(pid: int) -> int | None:
+    """The process start time in clock ticks since boot (/proc/PID/stat field 22); None if unknown."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # The command name (field 2) may hold spaces and parentheses: split after its closing ')'.
+    fields = stat[stat.rindex(")") + 2 :].split()
+    return int(fields[19])
+
+
+def job_generation() -> str:
+    """Which launch of the job this is: SLURM_RESTART_COUNT (unset on the first run), else "0".
+    Lets the other nodes of a requeued multi-node job tell node 0's new lease from the last launch's."""
+    return os.environ.get("SLURM_RESTART_COUNT", "0")
+
+
+def job_id() -> str:
+    """The identity of this job: TRUESTEP_JOB_ID, else SLURM_JOB_ID, else unique to this process."""
+    explicit = os.environ.get(ENV_JOB_ID) or os.environ.get("SLURM_JOB_ID")
+    if explicit:
+        return explicit
+    return f"{socket.gethostname()}:{os.getpid()}:{time.time():.6f}"
+
+
+@dataclass
+class Holder:
+    job: str
+    host: str
+    boot_id: str
+    pid: int
+    pid_start: int | None
+    incarnation: int
+    acquired_at: float
+    renewed_at: float
+    generation: str = "0"
+    released: bool = False
+
+    def describe(self) -> str:
+        since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.acquired_at))
+        return f"job {self.job} (host {self.host}, pid {self.pid}, attempt {self.incarnation}, since {since})"
+
+    def alive(self, ttl_s: float, now: float | None = None) -> bool:
+        if self.released:
+            return False
+        if self.host == socket.gethostname() and self.boot_id == _boot_id():
+            if not _pid_alive(self.pid):
+                return False
+            return self.pid_start is None or process_start_ticks(self.pid) == self.pid_start
+        return (now or time.time()) - self.renewed_at < ttl_s
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def read_lease(run_dir: Path) -> Holder | None:
+    """The lease as recorded, or None when there is none. A lease file that does not parse is refused
+    (RunDirBusyError naming it), never silently replaced: it may belong to a live job."""
+    path = run_dir / LEASE_FILE
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    try:
+        data = json.loads(raw)
+        if not isinstance(data, dict) or data.get("format") != LEASE_FORMAT:
+            raise ValueError("not a truestep lease")
+        return Holder(**{k: data[k] for k in Holder.__dataclass_fields__ if k in data})
+    except (ValueError, TypeError, RecursionError) as err:
+        raise RunDirBusyError(
+            f"{path} is not a readable truestep lease ({err}); if no job uses {run_dir}, delete it"
+        ) from None
+
+
+def _last_attempt_in_events(run_dir: Path) -> int:
+    """The highest attempt any record of events.jsonl names (a run directory from before leases)."""
+    path = run_dir / EVENTS_FILE
+    if not path.is_file():
+        return -1
+    highest = -1
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for line in f:
+            try:
+                value = json.loads(line).get("attempt")
+            except (ValueError, AttributeError, RecursionError):
+                continue
+            if isinstance(value, int) and value > highest:
+                highest = value
+    return highest
+
+
+class RunDirLease:
+    """The holder's side: acquire, count attempts, renew, release."""
+
+    def __init__(self, run_dir: Path, job: str, ttl_s: float) -> None:
+        self.run_dir = run_dir
+        self.job = job
+        self.ttl_s = ttl_s
+        self.incarnation = -1
+        self._keeper: threading.Thread | None = None
+        self._stop = threading.Event()
+
+    @contextmanager
+    def _locked(self) -> Iterator[None]:
+        fd = os.open(
+            self.run_dir / LEASE_LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644
+        )
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
+
+    def _write(self, holder: Holder) -> None:
+        record: dict[str, Any] = {"format": LEASE_FORMAT, **asdict(holder)}
+        atomic_write(self.run_dir / LEASE_FILE, json.dumps(record, indent=1).encode())
+
+    def acquire(self) -> Holder | None:
+        """Take the lease or raise RunDirBusyError naming the live holder; returns the previous holder
+        when one was taken over (for the event log)."""
+        with self._locked():
+            current = read_lease(self.run_dir)
+            if current is not None and current.job != self.job and current.alive(self.ttl_s):
+                raise RunDirBusyError(
+                    f"run directory {self.run_dir} is in use by {current.describe()}; wait for it to end, "
+                    f"or use another --run.dir"
+                )
+            floor = current.incarnation if current is not None else _last_attempt_in_events(self.run_dir)
+            now = time.time()
+            pid = os.getpid()
+            mine = Holder(
+                self.job,
+                socket.gethostname(),
+                _boot_id(),
+                pid,
+                process_start_ticks(pid),
+                floor,
+                now,
+                now,
+                job_generation(),
+            )
+            self._write(mine)
+            self.incarnation = floor
+        return current if current is not None and not current.released else None
+
+    def begin_attempt(self) -> int:
+        """Bump the incarnation: the number of the attempt about to start, job-wide."""
+        with self._locked():
+            current = self._still_mine()
+            current.incarnation += 1
+            current.renewed_at = time.time()
+            self._write(current)
+            self.incarnation = current.incarnation
+        return self.incarnation
+
+    def renew(self) -> None:
+        with self._locked():
+            current = self._still_mine()
+            current.renewed_at = time.time()
+            self._write(current)
+
+    def release(self) -> None:
+        self._stop.set()
+        with self._locked():
+            current = read_lease(self.run_dir)
+            if current is not None and current.job == self.job and current.pid == os.getpid():
+                current.released = True
+                self._write(current)
+
+    def _still_mine(self) -> Holder:
+        current = read_lease(self.run_dir)
+        if current is None or current.job != self.job or current.pid != os.getpid():
+            who = current.describe() if current else "nobody (the lease file is gone)"
+            raise FencedError(f"lost the lease on {self.run_dir}: it now names {who}")
+        return current
+
+    def keep(self, on_lost: Callable[[FencedError], None]) -> None:
+        """Renew every ttl/4 on a thread of its own; call `on_lost` once if the lease was taken."""
+
+        def loop() -> None:
+            while not self._stop.wait(self.ttl_s / 4):
+                try:
+                    self.renew()
+                except FencedError as err:
+                    on_lost(err)
+                    return
+
+        self._keeper = threading.Thread(target=loop, name="truestep-lease", daemon=True)
+        self._keeper.start()
+
+
+def check_fence(run_dir: Path, job: str, incarnation: int) -> None:
+    """Raise FencedError unless the lease still names this job and incarnation."""
+    current = read_lease(run_dir)
+    if current is None or current.job != job or current.incarnation != incarnation or current.released:
+        who = current.describe() if current else "nobody (the lease file is gone)"
+        raise FencedError(
+            f"attempt {incarnation} of job {job} no longer owns {run_dir}: the lease names {who}; "
+            "standing aside"
+        )
+
+
+def await_attempt(run_dir: Path, job: str, after: int, timeout_s: float, poll_s: float = 0.1) -> int:
+    """Other nodes of a multi-node job: wait until node 0 of this launch of the job started an attempt
+    newer than `after`; that is the number this node's ranks use too."""
+    deadline = time.monotonic() + timeout_s
+    generation = job_generation()
+    while True:
+        current = read_lease(run_dir)
+        if (
+            current is not None
+            and (current.job, current.generation) == (job, generation)
+            and current.incarnation > after
+            and not current.released
+        ):
+            return current.incarnation
+        if time.monotonic() > deadline:
+            who = current.describe() if current else "no lease"
+            raise FencedError(
+                f"node 0 of job {job} did not start a new attempt within {timeout_s:.0f}s ({run_dir}: {who})"
+            )
+        time.sleep(poll_s)

@@ -1,0 +1,93 @@
+"""Watching one attempt's ranks: exits, start-up deadlines, liveness and progress, all in seconds.
+
+A rank is judged by its process and its heartbeat file:
+- it exited with a code that is not a clean ending -> `process_exit`;
+- it wrote no heartbeat within `startup_timeout_s` of being spawned (stopped or stuck while importing
+  or meeting its peers) -> `startup_timeout`;
+- its heartbeat is older than `liveness_timeout_s` (stopped, or the whole process hung) -> `stale_heartbeat`;
+- it trained but its step did not advance for `hang_timeout_s` while every rank trained -> `no_progress`;
+- it has been shutting down for longer than the collective timeout allows -> `stuck_in_shutdown`.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from truestep.config.schema import ResilienceConfig
+from truestep.core.names import heartbeat_path
+from truestep.core.status import Phase
+from truestep.resilience.heartbeat import read_heartbeat
+
+
+@dataclass
+class Failure:
+    kind: str
+    """process_exit, startup_timeout, stale_heartbeat, no_progress or stuck_in_shutdown."""
+    rank: int
+    detail: str
+    exit_codes: dict[int, int | None] = field(default_factory=dict)
+
+
+@dataclass
+class Rank:
+    rank: int
+    proc: subprocess.Popen
+    spawned_at: float
+    """Wall clock at spawn: the start-up deadline counts from here."""
+
+
+class AttemptWatch:
+    """The health rules for one attempt; `check` is called every poll."""
+
+    def __init__(self, run_dir: Path, ranks: list[Rank], cfg: ResilienceConfig) -> None:
+        self.run_dir = run_dir
+        self.ranks = ranks
+        self.cfg = cfg
+        self.progress: dict[int, tuple[int, str, float]] = {}
+
+    def check(self) -> Failure | None:
+        """Liveness for every phase; progress only while every rank trains; a bound on shutdown.
+
+        Progress is judged job-wide: while any rank is starting, checkpointing or restoring, its peers
+        may legitimately sit in a collective waiting for it, so nobody's stall clock runs.
+        """
+        r = self.cfg
+        now = time.time()
+        beats: dict[int, dict] = {}
+        for rank in self.ranks:
+            if rank.proc.poll() is not None:
+                continue  # exited: the exit check judges it
+            beat = read_heartbeat(heartbeat_path(self.run_dir, rank.rank))
+            if beat is None or beat.get("pid") != rank.proc.pid:
+                waited = now - rank.spawned_at
+                if waited > r.startup_timeout_s:
+                    return Failure(
+                        "startup_timeout",
+                        rank.rank,
+                        f"no heartbeat {waited:.1f}s after launch (resilience.startup_timeout_s="
+                        f"{r.startup_timeout_s:g}): stopped or stuck while starting",
+                    )
+                continue
+            age = now - beat["time"]
+            if age > r.liveness_timeout_s:
+                detail = f"no heartbeat for {age:.1f}s in phase {beat.get('phase')} (stopped or hung)"
+                return Failure("stale_heartbeat", rank.rank, detail)
+            beats[rank.rank] = beat
+        everyone_training = len(beats) == len(self.ranks) and all(
+            b["phase"] == Phase.TRAIN for b in beats.values()
+        )
+        for rank, beat in beats.items():
+            step, phase, since = self.progress.get(rank, (beat["step"], beat["phase"], now))
+            if (beat["step"], beat["phase"]) != (step, phase) or (
+                phase == Phase.TRAIN and not everyone_training
+            ):
+                step, phase, since = beat["step"], beat["phase"], now
+            self.progress[rank] = (step, phase, since)
+            if phase == Phase.TRAIN and now - since > r.hang_timeout_s:
+                return Failure("no_progress", rank, f"step {step} has not advanced for {now - since:.1f}s")
+            if phase == Phase.SHUTDOWN and now - since > r.collective_timeout_s + 30.0:
+                return Failure("stuck_in_shutdown", rank, f"still shutting down after {now - since:.1f}s")
+        return None
