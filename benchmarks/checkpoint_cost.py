@@ -36,13 +36,15 @@ import tempfile
 import time
 from pathlib import Path
 
-from truestep.checkpoint.layout import step_dir_name
+from truestep.checkpoint.catalog import step_dir_name
 from truestep.checkpoint.manifest import verify
 from truestep.checkpoint.saver import Checkpointer
 from truestep.checkpoint.state import restore
 from truestep.config.load import load_config
+from truestep.core.status import RankStatus
 from truestep.parallel.dist import init_distributed
 from truestep.telemetry.digest import param_digest
+from truestep.telemetry.run_logs import RunLogs
 from truestep.train.trainer import Trainer
 
 RAW_CHUNK = 64 << 20
@@ -130,9 +132,11 @@ def main() -> None:
         ctx = init_distributed(cfg)
         if ctx.distributed:
             raise SystemExit("checkpoint_cost.py is a single-process benchmark; run it without torchrun")
-        trainer = Trainer(cfg, ctx)
+        logs = RunLogs(Path(cfg.run.dir), 0, enabled=True)
+        trainer = Trainer(cfg, ctx, logs, RankStatus())
         n_params = sum(p.numel() for p in trainer.model.parameters())
-        ckpt = Checkpointer(trainer)
+        root = Path(cfg.run.dir) / "checkpoints"
+        ckpt = Checkpointer(root, cfg.checkpoint, ctx, logs, trainer.trajectory_keys, lambda: None, 0)
         captured: list[tuple[str, dict]] = []
         log_event = trainer.logs.event
 
@@ -188,7 +192,7 @@ def main() -> None:
             target = fresh_dir()
             cfg.checkpoint.async_save = False
             started = time.perf_counter()
-            ckpt.save(trainer, reason="bench")
+            ckpt.save(trainer.state.step, trainer, "bench", lambda: param_digest(trainer.model, ctx))
             res["sync"].append(time.perf_counter() - started)
             res["sync_event_blocking"].append(field("checkpoint_save", "blocking_s"))
             res["sync_commit"].append(field("checkpoint_commit", "commit_s"))
@@ -198,7 +202,7 @@ def main() -> None:
             verify(target, checksums=True)
             res["verify"].append(time.perf_counter() - started)
             started = time.perf_counter()
-            restore(trainer, target)
+            restore(trainer, target, cfg.checkpoint, ctx, trainer.trajectory_keys, logs)
             res["restore"].append(time.perf_counter() - started)
             shutil.rmtree(target)
 
@@ -206,7 +210,7 @@ def main() -> None:
             target = fresh_dir()
             cfg.checkpoint.async_save = True
             started = time.perf_counter()
-            ckpt.save(trainer, reason="bench")
+            ckpt.save(trainer.state.step, trainer, "bench", lambda: param_digest(trainer.model, ctx))
             res["async_call"].append(time.perf_counter() - started)
             ckpt.wait()
             res["async_total"].append(time.perf_counter() - started)
@@ -219,7 +223,7 @@ def main() -> None:
             cfg.checkpoint.async_save = True
             base = median(res["step"])
             started = time.perf_counter()
-            ckpt.save(trainer, reason="bench")
+            ckpt.save(trainer.state.step, trainer, "bench", lambda: param_digest(trainer.model, ctx))
             res["ov_call"].append(time.perf_counter() - started)
             slowdown, steps, commit_poll = 0.0, 0, 0.0
             while ckpt.pending is not None and steps < args.max_overlap_steps:

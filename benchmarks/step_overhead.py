@@ -13,16 +13,20 @@ import argparse
 import statistics
 import tempfile
 import time
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed.fsdp import fully_shard
 
-from truestep.cli.train import build_hooks
 from truestep.config.load import load_config
+from truestep.core.status import RankStatus
 from truestep.model.llama import Transformer
 from truestep.parallel.dist import init_distributed, shutdown
+from truestep.resilience.attempt import Attempt
+from truestep.telemetry.run_logs import RunLogs
+from truestep.train.run import build_hooks
 from truestep.train.schedule import lr_at
 from truestep.train.trainer import Trainer
 
@@ -71,8 +75,9 @@ def main() -> None:
         ctx = init_distributed(cfg)
         if ctx.tp > 1:
             raise SystemExit("step_overhead.py compares against a bare FSDP loop; use parallel.tp=1")
-        trainer = Trainer(cfg, ctx)
-        hooks = build_hooks()
+        logs = RunLogs(Path(run_dir), 0, enabled=ctx.is_main)
+        trainer = Trainer(cfg, ctx, logs, RankStatus())
+        hooks = build_hooks(Attempt(0, "bench", lambda: None))
         for hook in hooks:
             hook.on_start(trainer)
         model, opt = bare_setup(cfg, ctx)

@@ -23,9 +23,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import harness
-from truestep.checkpoint.layout import MANIFEST, MARKER, QUARANTINE, step_dir_name, step_dirs, step_of
+from truestep.checkpoint.catalog import MANIFEST, MARKER, QUARANTINE, step_dir_name, step_dirs, step_of
 from truestep.checkpoint.manifest import VerifyError, verify, write_manifest, write_marker
-from truestep.faults.hooks import ENV_VAR as FAULTS_ENV
+from truestep.core.names import ENV_FAULTS as FAULTS_ENV
 
 # The reference trajectory: 10 steps, a checkpoint every 3 (3, 6, 9) plus the final one (10).
 # keep_last_n is not a trajectory key; 0 keeps every checkpoint so copies can start from any of them.

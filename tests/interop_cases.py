@@ -10,11 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from truestep.checkpoint.init_from import load_init_weights
+from truestep.checkpoint.weights import read_model_config
 from truestep.cli.interop import interop_main
-from truestep.interop import (
-    load_init_weights,
-    read_model_config,
-)
 from truestep.model.llama import Transformer
 
 STEPS = 3

@@ -5,7 +5,6 @@ Shared runs: tests/conftest.py, helpers: tests/ckpt_cases.py.
 from __future__ import annotations
 
 import signal
-from types import SimpleNamespace
 
 import harness
 from ckpt_cases import (
@@ -118,9 +117,8 @@ def test_retention_never_touches_uncommitted_or_quarantined(tmp_path):
     cfg.checkpoint.keep_last_n = 2
     cfg.checkpoint.dir = str(tmp_path / "checkpoints")
     logs = RunLogs(tmp_path, attempt=0, enabled=True)
-    trainer = SimpleNamespace(cfg=cfg, ctx=DistContext(), logs=logs, run_dir=tmp_path)
-    checkpointer = Checkpointer(trainer)  # type: ignore[arg-type]
-    root = checkpointer.root
+    root = tmp_path / "checkpoints"
+    checkpointer = Checkpointer(root, cfg.checkpoint, DistContext(), logs, {}, lambda: None, 0)
     for step in (1, 2, 3, 4, 5):
         (root / step_dir_name(step)).mkdir(parents=True)
         (root / step_dir_name(step) / MARKER).write_text("{}")

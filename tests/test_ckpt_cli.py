@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 import harness
+from truestep.checkpoint.catalog import MARKER, QUARANTINE, step_dir_name
 from truestep.checkpoint.inspect import inspect_checkpoint, list_checkpoints
-from truestep.checkpoint.layout import MARKER, QUARANTINE, step_dir_name
 from truestep.checkpoint.manifest import write_manifest, write_marker
-from truestep.checkpoint.resolver import quarantine
+from truestep.checkpoint.resolver import quarantine_logged as quarantine
 from truestep.cli.ckpt import ckpt_main
 from truestep.telemetry.run_logs import RunLogs
 

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from truestep.cli.prepare_data import prepare_data_main
 from truestep.config.schema import DataConfig
 from truestep.data import (
     BatchLoader,
@@ -23,7 +24,6 @@ from truestep.data import (
     ensure_demo_data,
     load_tokenizer,
     prepare_data,
-    prepare_data_main,
     read_meta,
 )
 
@@ -381,7 +381,7 @@ def test_loader_micro_batches_and_resume(small_dir: Path) -> None:
 
 def test_build_loader_with_path(small_dir: Path) -> None:
     cfg = DataConfig(path=str(small_dir), seq_len=4, data_seed=11)
-    loader = build_loader(cfg, global_batch_size=4, micro_batch_size=0, dp_rank=1, dp_size=2)
+    loader = build_loader(cfg, global_batch_size=4, micro_batch_size=2, dp_rank=1, dp_size=2)
     assert loader.micro_batch_size == 2 and loader.num_micro_batches == 1
     x, _ = loader.next()[0]
     expected = GlobalSampler(11, 4, 11).rank_indices(0, 1, 2)

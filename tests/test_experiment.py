@@ -9,7 +9,9 @@ from pathlib import Path
 
 from harness import truestep_env
 from truestep.analysis.runlog import RunLog
-from truestep.experiment.plan import plan_jobs, run_plan, summarize
+from truestep.experiment.plan import plan_jobs
+from truestep.experiment.runner import run_plan
+from truestep.experiment.summary import summarize
 
 
 def test_experiment_with_two_faults_is_bitwise_and_reported(tmp_path: Path) -> None:

@@ -24,16 +24,13 @@ from interop_cases import (
     tokens,
     truestep_model,
 )
-from truestep.checkpoint.layout import step_dir_name
+from truestep.checkpoint.catalog import step_dir_name
+from truestep.checkpoint.init_from import load_init_weights
 from truestep.checkpoint.manifest import verify
+from truestep.checkpoint.weights import load_model_tensors, read_model_config
 from truestep.cli.interop import interop_main
-from truestep.interop import (
-    InteropError,
-    load_init_weights,
-    load_model_tensors,
-    model_config_from_hf,
-    read_model_config,
-)
+from truestep.core.errors import RefusedError
+from truestep.interop import model_config_from_hf
 from truestep.interop.hf import ffn_rule_for, hf_config, parse_size
 from truestep.model.llama import Transformer, ffn_hidden_dim
 
@@ -141,9 +138,9 @@ def test_import_refuses_an_existing_destination(ckpt, tmp_path: Path) -> None:
     (tmp_path / "out" / step_dir_name(0) / "something").write_text("x")
     assert interop_main(["export", str(ckpt), "--to", "hf", str(tmp_path / "hf")]) == 0
     rc, _, err = cli("import-hf", tmp_path / "hf", "--out", tmp_path / "out")
-    assert rc == 1 and "refusing to overwrite" in err
+    assert rc == 3 and "refusing to overwrite" in err
     rc, _, err = cli("export", ckpt, "--to", "hf", tmp_path / "hf")
-    assert rc == 1 and "refusing to overwrite" in err
+    assert rc == 3 and "refusing to overwrite" in err
 
 
 # ----------------------------------------------------------------------------------------------
@@ -182,7 +179,7 @@ def test_parse_size() -> None:
     assert parse_size("1.5MB") == 1_500_000
     assert parse_size("4096") == 4096
     for bad in ("five", "5XB", "0", "-1GB"):
-        with pytest.raises(InteropError):
+        with pytest.raises(RefusedError):
             parse_size(bad)
 
 

@@ -30,14 +30,11 @@ from interop_cases import (
     transformers_or_skip,
     truestep_model,
 )
-from truestep.checkpoint.layout import step_dir_name
+from truestep.checkpoint.catalog import step_dir_name
+from truestep.checkpoint.init_from import load_init_weights
+from truestep.checkpoint.weights import load_model_tensors, read_model_config
 from truestep.cli.interop import interop_main
-from truestep.interop import (
-    InteropError,
-    load_init_weights,
-    load_model_tensors,
-    read_model_config,
-)
+from truestep.core.errors import RefusedError
 from truestep.model.llama import Transformer, ffn_hidden_dim
 
 pytestmark = pytest.mark.usefixtures("offline")  # never reach the network (fixture in conftest.py)
@@ -103,10 +100,10 @@ def test_export_refuses_an_unverified_checkpoint(damage: str, ckpt, tmp_path: Pa
         (broken / "manifest.json").unlink()
     for fmt, dest in (("hf", tmp_path / "hf"), ("torch", tmp_path / "w.pt")):
         rc, _, err = cli("export", broken, "--to", fmt, dest)
-        assert rc == 1, err
+        assert rc == 3, err
         assert "does not verify" in err and "refusing" in err
         assert not dest.exists()
-    with pytest.raises(InteropError, match="does not verify"):
+    with pytest.raises(RefusedError, match="does not verify"):
         load_init_weights(Transformer(read_model_config(ckpt)), broken)
 
 
@@ -123,7 +120,7 @@ def test_usage_errors_exit_2(tmp_path: Path) -> None:
     assert interop_main(["export", str(tmp_path), "--to", "onnx", str(tmp_path / "x")]) == 2
     assert interop_main(["import-hf", str(tmp_path)]) == 2  # --out missing
     rc, _, err = cli("export", tmp_path / "nope", "--to", "torch", tmp_path / "w.pt")
-    assert rc == 1 and "no such checkpoint directory" in err
+    assert rc == 3 and "no such checkpoint directory" in err
 
 
 def _hf_dir(ckpt: Path, tmp_path: Path, name: str = "hf") -> Path:
@@ -179,7 +176,7 @@ def test_import_refuses_unsupported_configs(changes: dict, message: str, ckpt, t
     hf_dir = _hf_dir(ckpt, tmp_path)
     _edit_config(hf_dir, **changes)
     rc, _, err = cli("import-hf", hf_dir, "--out", tmp_path / "out")
-    assert rc == 1, err
+    assert rc == 3, err
     assert message in err, err
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
 
@@ -193,17 +190,17 @@ def test_import_refuses_biases_and_pickles(ckpt, tmp_path: Path) -> None:
     tensors["model.layers.0.self_attn.q_proj.bias"] = torch.zeros(64)
     save_file(tensors, str(hf_dir / "model.safetensors"), metadata={"format": "pt"})
     rc, _, err = cli("import-hf", hf_dir, "--out", tmp_path / "out")
-    assert rc == 1 and "biases are not supported" in err and "q_proj.bias" in err
+    assert rc == 3 and "biases are not supported" in err and "q_proj.bias" in err
 
     (hf_dir / "model.safetensors").unlink()
     torch.save({}, hf_dir / "pytorch_model.bin")
     rc, _, err = cli("import-hf", hf_dir, "--out", tmp_path / "out")
-    assert rc == 1 and "only safetensors are imported" in err
+    assert rc == 3 and "only safetensors are imported" in err
 
 
 def test_import_refuses_a_directory_without_config(tmp_path: Path) -> None:
     rc, _, err = cli("import-hf", tmp_path, "--out", tmp_path / "out")
-    assert rc == 1 and "no config.json" in err
+    assert rc == 3 and "no config.json" in err
 
 
 # ----------------------------------------------------------------------------------------------
@@ -213,14 +210,14 @@ def test_import_refuses_a_directory_without_config(tmp_path: Path) -> None:
 def test_load_init_weights_names_the_mismatching_key(ckpt) -> None:
     cfg = read_model_config(ckpt)
     wider_kv = Transformer(type(cfg)(**{**asdict(cfg), "n_kv_heads": cfg.n_heads}))
-    with pytest.raises(InteropError) as err:
+    with pytest.raises(RefusedError) as err:
         load_init_weights(wider_kv, ckpt)
     text = str(err.value)
     assert "layers.0.attention.wk.weight: checkpoint has [32, 64], model expects [64, 64]" in text
     assert "--model.n_kv_heads=2" in text  # says what the checkpoint needs
 
     deeper = Transformer(type(cfg)(**{**asdict(cfg), "n_layers": cfg.n_layers + 1}))
-    with pytest.raises(InteropError, match=r"layers\.2\.attention\.wq\.weight: missing from the checkpoint"):
+    with pytest.raises(RefusedError, match=r"layers\.2\.attention\.wq\.weight: missing from the checkpoint"):
         load_init_weights(deeper, ckpt)
 
 
@@ -231,7 +228,8 @@ import torch
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
 from truestep.config.load import load_config
-from truestep.interop import load_init_weights, load_model_tensors
+from truestep.checkpoint.init_from import load_init_weights
+from truestep.checkpoint.weights import load_model_tensors
 from truestep.model.llama import Transformer
 from truestep.parallel.dist import init_distributed, shutdown
 from truestep.parallel.parallelize import parallelize

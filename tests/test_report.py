@@ -18,7 +18,7 @@ pytest.importorskip("matplotlib")
 
 from truestep.analysis.report import fmt_rate, fmt_seconds, render_run_text, run_verdict, write_report  # noqa: E402
 from truestep.analysis.runlog import RunLog  # noqa: E402
-from truestep.experiment.plan import summarize  # noqa: E402
+from truestep.experiment.summary import summarize  # noqa: E402
 
 T0 = 1000.0
 STEP_S = 0.1

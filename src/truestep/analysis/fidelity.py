@@ -68,8 +68,8 @@ class Floor:
 
 def _deltas(run: RunLog, ref: RunLog) -> dict[int, tuple[float, float, bool]]:
     out = {}
-    for step, want in ref.trajectory.items():
-        got = run.trajectory.get(step)
+    for step, want in ref.final_steps.items():
+        got = run.final_steps.get(step)
         if got is None:
             continue
         out[step] = (
@@ -85,7 +85,9 @@ def _windows(run: RunLog, deltas: dict[int, tuple[float, float, bool]]) -> list[
     windows = []
     for event in run.named("checkpoint_restore"):
         steps = [
-            s for s, line in run.trajectory.items() if line["attempt"] == event.get("attempt") and s in deltas
+            s
+            for s, line in run.final_steps.items()
+            if line["attempt"] == event.get("attempt") and s in deltas
         ]
         dl = [deltas[s][0] for s in steps]
         windows.append(
@@ -109,8 +111,8 @@ def _mean(values: list[float]) -> float:
 
 def compare(run: RunLog, ref: RunLog) -> Fidelity:
     deltas = _deltas(run, ref)
-    missing = [s for s in ref.trajectory if s not in run.trajectory]
-    first = next((s for s in ref.trajectory if s not in deltas or not deltas[s][2]), None)
+    missing = [s for s in ref.final_steps if s not in run.final_steps]
+    first = next((s for s in ref.final_steps if s not in deltas or not deltas[s][2]), None)
     dl = [d[0] for d in deltas.values()]
     ref_digests, run_digests = ref.checkpoint_digests(), run.checkpoint_digests()
     final_run, final_ref = run.final_digest(), ref.final_digest()
@@ -121,7 +123,7 @@ def compare(run: RunLog, ref: RunLog) -> Fidelity:
         mean_dloss=_mean(dl),
         max_dgrad_norm=max((d[1] for d in deltas.values()), default=0.0),
         first_divergent_step=first,
-        fraction_bitwise_equal=sum(d[2] for d in deltas.values()) / max(1, len(ref.trajectory)),
+        fraction_bitwise_equal=sum(d[2] for d in deltas.values()) / max(1, len(ref.final_steps)),
         windows=_windows(run, deltas),
         digest_matches={s: run_digests[s] == d for s, d in ref_digests.items() if s in run_digests},
         final_digest_equal=(final_run == final_ref) if final_run and final_ref else None,
@@ -137,7 +139,7 @@ def floor(repeat: RunLog, ref: RunLog) -> Floor:
 def first_violation(run: RunLog, ref: RunLog, base: Floor, margin: float = DEFAULT_MARGIN) -> int | None:
     """First step (in the reference's steps) that is missing or deviates beyond margin x floor."""
     deltas = _deltas(run, ref)
-    for step in ref.trajectory:
+    for step in ref.final_steps:
         if step not in deltas:
             return step
         dloss, dgrad, _ = deltas[step]

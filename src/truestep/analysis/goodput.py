@@ -63,7 +63,7 @@ def badput(run: RunLog, violation: int | None) -> tuple[dict[str, float], float]
         prev_times += [e["time"] for e in run.named("teardown_complete") if e["time"] <= began]
         if prev_times:
             wait += max(0.0, began - max(t for t in prev_times if t <= began))
-    kept = run.trajectory
+    kept = run.final_steps
     after = sum(line["step_time"] for s, line in kept.items() if violation is not None and s >= violation)
     useful = sum(line["step_time"] for s, line in kept.items() if violation is None or s < violation)
     buckets = {
@@ -81,8 +81,8 @@ def badput(run: RunLog, violation: int | None) -> tuple[dict[str, float], float]
 
 
 def goodput(run: RunLog, violation: int | None) -> Goodput:
-    steps = len(run.trajectory)
-    correct = sum(1 for s in run.trajectory if violation is None or s < violation)
+    steps = len(run.final_steps)
+    correct = sum(1 for s in run.final_steps if violation is None or s < violation)
     tps = run.tokens_per_step
     wall = max(run.wall_s, 1e-9)
     buckets, useful = badput(run, violation)
@@ -91,7 +91,7 @@ def goodput(run: RunLog, violation: int | None) -> Goodput:
 
 def checkpoint_overhead(run: RunLog) -> dict[str, float]:
     blocking = [e.get("blocking_s", 0.0) for e in run.named("checkpoint_save")]
-    steps = [line["step_time"] for line in run.trajectory.values()]
+    steps = [line["step_time"] for line in run.final_steps.values()]
     return {
         "saves": len(blocking),
         "mean_blocking_s": sum(blocking) / len(blocking) if blocking else 0.0,

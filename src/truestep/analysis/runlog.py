@@ -12,8 +12,8 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from truestep.core.names import EVENTS_FILE, METRICS_FILE
 from truestep.telemetry.jsonl import read_jsonl
-from truestep.telemetry.run_logs import EVENTS_FILE, METRICS_FILE
 
 
 @dataclass
@@ -34,7 +34,7 @@ class RunLog:
         return [e for e in self.events if e.get("event") == name]
 
     @cached_property
-    def trajectory(self) -> dict[int, dict[str, Any]]:
+    def final_steps(self) -> dict[int, dict[str, Any]]:
         """step -> the metrics line the run ended on (a step recomputed after a restart: its last line)."""
         final: dict[int, dict[str, Any]] = {}
         for line in self.metrics:
@@ -44,12 +44,12 @@ class RunLog:
     @cached_property
     def superseded(self) -> list[dict[str, Any]]:
         """Metrics lines of steps that a later attempt computed again: lost work."""
-        kept = {id(line) for line in self.trajectory.values()}
+        kept = {id(line) for line in self.final_steps.values()}
         return [line for line in self.metrics if id(line) not in kept]
 
     @property
     def tokens_per_step(self) -> int:
-        line = next(iter(self.trajectory.values()), None)
+        line = next(iter(self.final_steps.values()), None)
         return int(line["tokens_seen"] // line["step"]) if line else 0
 
     @property

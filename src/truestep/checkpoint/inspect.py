@@ -8,36 +8,34 @@ Nothing is ever unpickled: DCP's `.metadata` and the `.distcp` shards are only s
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 from typing import Any
 
-from truestep.checkpoint.layout import LATEST, MANIFEST, MARKER, QUARANTINE, step_dirs, step_of
-from truestep.checkpoint.manifest import VerifyError, read_json, verify
+from truestep.checkpoint.catalog import (
+    MANIFEST,
+    MARKER,
+    checkpoint_root,
+    is_committed,
+    is_rank_state_name,
+    is_set_aside,
+    quarantined_dirs,
+    rank_state_name,
+    read_latest_hint,
+    set_aside_slug,
+    set_aside_step,
+    step_dirs,
+    step_of,
+)
+from truestep.checkpoint.manifest import VerifyError, read_json, verification_problem
+from truestep.checkpoint.state import read_rank_state
+from truestep.core.names import EVENTS_FILE
 
-EVENTS_FILE = "events.jsonl"
-_QUARANTINED = re.compile(r"^step_(\d{8})\.(\d+)\.?(.*)$")
-_RANK_FILE = re.compile(r"^rank(\d{5})\.json$")
-
-
-def checkpoint_root(path: Path) -> Path:
-    """The checkpoint root for `path`: a run directory (holding checkpoints/) or a root itself."""
-    if (path / "checkpoints").is_dir() and not step_dirs(path):
-        return path / "checkpoints"
-    return path
+__all__ = ["checkpoint_root", "inspect_checkpoint", "is_checkpoint_dir", "list_checkpoints"]
 
 
 def is_checkpoint_dir(path: Path) -> bool:
     """A live (`step_XXXXXXXX`) or quarantined (`step_XXXXXXXX.<ms>.<reason>`) checkpoint directory."""
-    return path.is_dir() and (step_of(path) is not None or _QUARANTINED.match(path.name) is not None)
-
-
-def _step_from_name(path: Path) -> int | None:
-    step = step_of(path)
-    if step is not None:
-        return step
-    match = _QUARANTINED.match(path.name)
-    return int(match.group(1)) if match else None
+    return path.is_dir() and set_aside_step(path) is not None
 
 
 def _disk_usage(path: Path) -> tuple[int, int]:
@@ -51,20 +49,8 @@ def _disk_usage(path: Path) -> tuple[int, int]:
 
 
 def _verify(path: Path, checksums: bool) -> tuple[bool, str | None]:
-    try:
-        verify(path, checksums)
-    except VerifyError as err:
-        return False, str(err)
-    except (OSError, ValueError, TypeError, AttributeError) as err:  # malformed beyond verify's checks
-        return False, f"unreadable: {type(err).__name__}: {err}"
-    return True, None
-
-
-def _latest_hint(root: Path) -> str | None:
-    try:
-        return (root / LATEST).read_text(encoding="utf-8").strip() or None
-    except (OSError, UnicodeDecodeError):
-        return None
+    problem = verification_problem(path, checksums)
+    return problem is None, problem
 
 
 def _quarantine_reasons(root: Path) -> dict[str, str]:
@@ -94,7 +80,7 @@ def list_checkpoints(root: Path, checksums: bool = True) -> list[dict[str, Any]]
     never verified nor resumed from.
     """
     root = checkpoint_root(root)
-    hint = _latest_hint(root)
+    hint = read_latest_hint(root)
     entries: list[dict[str, Any]] = []
     for path in step_dirs(root):
         verified, reason = _verify(path, checksums)
@@ -104,7 +90,7 @@ def list_checkpoints(root: Path, checksums: bool = True) -> list[dict[str, Any]]
                 "step": step_of(path),
                 "name": path.name,
                 "path": str(path),
-                "committed": (path / MARKER).is_file(),
+                "committed": is_committed(path),
                 "verified": verified,
                 "checksums": checksums,
                 "status": "ok" if verified else "invalid",
@@ -115,21 +101,18 @@ def list_checkpoints(root: Path, checksums: bool = True) -> list[dict[str, Any]]
                 "quarantined": False,
             }
         )
-    quarantine_dir = root / QUARANTINE
-    if quarantine_dir.is_dir():
+    quarantined = quarantined_dirs(root)
+    if quarantined:
         reasons = _quarantine_reasons(root)
-        quarantined = [p for p in quarantine_dir.iterdir() if p.is_dir()]
-        quarantined.sort(key=lambda p: (-(_step_from_name(p) or -1), p.name))
         for path in quarantined:
-            match = _QUARANTINED.match(path.name)
             files, size = _disk_usage(path)
-            slug = match.group(3).replace("-", " ") if match else ""
+            slug = set_aside_slug(path)
             entries.append(
                 {
-                    "step": _step_from_name(path),
+                    "step": set_aside_step(path),
                     "name": path.name,
                     "path": str(path),
-                    "committed": (path / MARKER).is_file(),
+                    "committed": is_committed(path),
                     "verified": False,
                     "checksums": checksums,
                     "status": "quarantined",
@@ -163,8 +146,8 @@ def inspect_checkpoint(path: Path, checksums: bool = True) -> dict[str, Any]:
         raise FileNotFoundError(f"{path}: no such directory")
     if not path.is_dir():
         raise NotADirectoryError(f"{path}: not a directory")
-    quarantined = step_of(path) is None and _QUARANTINED.match(path.name) is not None
-    step = _step_from_name(path)
+    quarantined = is_set_aside(path)
+    step = set_aside_step(path)
     problems: list[str] = []
 
     verified, reason = _verify(path, checksums)
@@ -188,23 +171,23 @@ def inspect_checkpoint(path: Path, checksums: bool = True) -> dict[str, Any]:
         sizes = [e.get("size") for e in listed.values() if isinstance(e, dict)]
         manifest_bytes = sum(s for s in sizes if isinstance(s, int))
 
-    rank_files = sorted(p.name for p in path.iterdir() if p.is_file() and _RANK_FILE.match(p.name))
-    rank_state, rank_error = _read_json_field(path / "rank00000.json")
-    if rank_error:
-        problems.append(rank_error)
-    if rank_state is not None and not (
-        isinstance(rank_state, dict) and rank_state.get("format") == "truestep-rank-state"
-    ):
-        problems.append("rank00000.json is not a truestep rank-state file")
-        rank_state = None
-    rank_state = rank_state or {}
-
-    layout = rank_state.get("layout") if isinstance(rank_state.get("layout"), dict) else None
-    train_state = rank_state.get("train_state") if isinstance(rank_state.get("train_state"), dict) else None
+    rank_files = sorted(p.name for p in path.iterdir() if p.is_file() and is_rank_state_name(p.name))
+    saved = None
+    first = rank_state_name(0)
+    if (path / first).exists():
+        try:
+            saved = read_rank_state(path, 0)
+        except VerifyError as err:
+            problems.append(str(err))
+        except OSError as err:
+            problems.append(f"{first}: {err}")
+    else:
+        problems.append(f"missing {first}")
+    layout = saved.layout if saved else None
     world_size = layout.get("world_size") if layout else None
-    saved_step = train_state.get("step") if train_state else None
+    saved_step = saved.step if saved else None
     if step is not None and saved_step is not None and saved_step != step:
-        problems.append(f"rank00000.json records step {saved_step}, directory says {step}")
+        problems.append(f"{first} records step {saved_step}, directory says {step}")
     if isinstance(world_size, int) and rank_files and len(rank_files) != world_size:
         problems.append(f"{len(rank_files)} rank-state files for world_size {world_size}")
 
@@ -216,15 +199,15 @@ def inspect_checkpoint(path: Path, checksums: bool = True) -> dict[str, Any]:
         "verified": verified,
         "checksums": checksums,
         "reason": reason,
-        "committed": (path / MARKER).is_file(),
+        "committed": is_committed(path),
         "marker": marker,
         "layout": layout,
         "world_size": world_size,
         "rank_files": rank_files,
-        "config_fingerprint": rank_state.get("config_fingerprint"),
-        "config_keys": rank_state.get("config_keys"),
-        "train_state": train_state,
-        "data_position": rank_state.get("loader"),
+        "config_fingerprint": saved.config_fingerprint if saved else None,
+        "config_keys": saved.config_keys if saved else None,
+        "train_state": saved.state.train_state if saved else None,
+        "data_position": saved.state.data_position if saved else None,
         "files": files,
         "total_bytes": total,
         "manifest_files": len(listed) if listed is not None else None,

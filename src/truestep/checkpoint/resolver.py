@@ -1,62 +1,76 @@
-"""The one resolver of what to resume from.
+"""Which checkpoint to use: the resume decision, `init_from`, and the read-only "newest verified".
 
-Rank 0 scans the checkpoint root newest-first, verifies, quarantines what fails, and broadcasts the
-chosen step to every rank (an integer, not a pickled object). No other code picks a checkpoint.
+Every collective decision is taken on rank 0 alone and broadcast as one integer (never a pickled
+object), so ranks cannot disagree and then hang in a collective load. Resume quarantines what fails;
+the read-only lookups (export, init_from, generate) never move anything.
+
+Resume rules, judged from what is on disk:
+- the newest live checkpoint that verifies is used; each one that fails before it is quarantined;
+- if none verifies and a commit marker exists anywhere (live or quarantined), committed work was
+  corrupted: refuse (unless `checkpoint.allow_fresh_start`), on every restart, until a human decides;
+- if none verifies and no marker exists, nothing was ever committed (a fault during the first save):
+  start from step 0, with a `fresh_start` event and a console line saying what was quarantined.
 """
 
 from __future__ import annotations
 
-import re
+import os
+import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
-import torch
-import torch.distributed as dist
-
-from truestep.checkpoint.layout import QUARANTINE, step_dir_name, step_dirs, step_of
-from truestep.checkpoint.manifest import VerifyError, verify
+from truestep.checkpoint.catalog import (
+    checkpoint_root,
+    committed_dirs,
+    ever_committed,
+    is_committed,
+    quarantine,
+    quarantined_dirs,
+    step_dir_name,
+    step_dirs,
+    step_of,
+    supersede,
+)
+from truestep.checkpoint.manifest import verification_problem
 from truestep.config.schema import CheckpointConfig
-from truestep.parallel.dist import DistContext
+from truestep.core.errors import RefusedError
+from truestep.core.fsio import make_dir
+from truestep.parallel.dist import DistContext, broadcast_int
 from truestep.telemetry.run_logs import RunLogs
 
 NO_CHECKPOINT = -1
 NONE_VERIFIED = -2
+REFUSED = -3
 
 
-class ResumeError(RuntimeError):
+class ResumeError(RefusedError):
     """Resuming is impossible or unsafe; the message says what to do."""
 
 
-def quarantine(ckpt_dir: Path, reason: str, logs: RunLogs) -> Path:
-    """Move a checkpoint aside (never delete it) and log why."""
-    target_root = ckpt_dir.parent / QUARANTINE
-    target_root.mkdir(exist_ok=True)
-    slug = re.sub(r"[^a-z0-9]+", "-", reason.lower()).strip("-")[:48]
-    target = target_root / f"{ckpt_dir.name}.{int(time.time() * 1000)}.{slug}"
-    ckpt_dir.rename(target)
+class CheckpointNotFound(RefusedError):
+    """A path given as a checkpoint holds no checkpoint that verifies."""
+
+
+def quarantine_logged(ckpt_dir: Path, reason: str, logs: RunLogs) -> Path:
+    """Quarantine a checkpoint and record why in the event log (`ckpt list` shows the reason)."""
+    target = quarantine(ckpt_dir, reason)
     logs.event("checkpoint_quarantined", step=step_of(ckpt_dir), reason=reason, moved_to=str(target))
     return target
 
 
-def pick_checkpoint(root: Path, cfg: CheckpointConfig, logs: RunLogs) -> int:
+def pick_resume(root: Path, cfg: CheckpointConfig, logs: RunLogs) -> int:
     """Rank-0 side: newest complete step, NO_CHECKPOINT, or NONE_VERIFIED."""
     candidates = step_dirs(root)
-    if not candidates:
-        # Everything already quarantined (say, by a refused start) is not "no checkpoint": a plain
-        # restart must refuse again rather than silently train from step 0.
-        held = root / QUARANTINE
-        if cfg.atomic_commit and held.is_dir() and any(held.iterdir()):
-            return NONE_VERIFIED
-        return NO_CHECKPOINT
-    if not cfg.atomic_commit:
+    if candidates and not cfg.atomic_commit:
         # Ablation: the naive rule "the directory exists, so it is complete".
         return step_of(candidates[0]) or 0
+    quarantined: list[str] = []
     for ckpt_dir in candidates:
         started = time.perf_counter()
-        try:
-            verify(ckpt_dir, cfg.verify_checksums)
-        except VerifyError as err:
-            quarantine(ckpt_dir, str(err), logs)
+        problem = verification_problem(ckpt_dir, cfg.verify_checksums)
+        if problem is not None:
+            quarantined.append(quarantine_logged(ckpt_dir, problem, logs).name)
             continue
         logs.event(
             "checkpoint_verified",
@@ -65,16 +79,77 @@ def pick_checkpoint(root: Path, cfg: CheckpointConfig, logs: RunLogs) -> int:
             verify_s=time.perf_counter() - started,
         )
         return step_of(ckpt_dir) or 0
-    return NONE_VERIFIED
+    if cfg.atomic_commit and ever_committed(root):
+        return NONE_VERIFIED
+    held = quarantined_dirs(root)
+    if held:
+        reason = "no checkpoint was ever committed (no commit marker on disk); starting from step 0"
+        logs.event(
+            "fresh_start", reason=reason, quarantined_now=quarantined, in_quarantine=[p.name for p in held]
+        )
+        print(f"truestep: {reason}; quarantined: {', '.join(quarantined) or 'earlier'}", file=sys.stderr)
+    return NO_CHECKPOINT
 
 
-def resolve_resume(root: Path, cfg: CheckpointConfig, ctx: DistContext, logs: RunLogs) -> Path | None:
-    """Collective. The directory to resume from, or None for a fresh start; raises if unsafe."""
-    choice = pick_checkpoint(root, cfg, logs) if ctx.is_main else 0
-    if ctx.distributed:
-        t = torch.tensor([choice], dtype=torch.int64, device=ctx.device)
-        dist.broadcast(t, src=0)
-        choice = int(t.item())
+def decide_on_rank0(decide: Callable[[], int], ctx: DistContext) -> int:
+    """Collective: run `decide` on rank 0 only and broadcast its integer. If it raises, every rank
+    raises (rank 0 its own error, the others one that points at rank 0) instead of hanging."""
+    error: BaseException | None = None
+    choice = 0
+    if ctx.is_main:
+        try:
+            choice = decide()
+        except (RefusedError, OSError) as err:
+            error, choice = err, REFUSED
+    choice = broadcast_int(choice, ctx)
+    if choice == REFUSED:
+        if error is not None:
+            raise error
+        raise ResumeError("rank 0 refused to start; its message says why")
+    return choice
+
+
+def _check_writable(root: Path) -> None:
+    """Find an unwritable checkpoint directory now, not at the first save after the work is done."""
+    try:
+        make_dir(root)
+        probe = root / f".write-probe.{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as err:
+        raise ResumeError(f"checkpoint directory {root} is not writable: {err.strerror or err}") from err
+
+
+def _set_aside_for_fresh_start(root: Path, cfg: CheckpointConfig, logs: RunLogs) -> int:
+    """resume=false: refuse to write over another trajectory's committed checkpoints unless told to
+    (`overwrite`), and then move them to superseded/ (kept) so no later resume mixes the two."""
+    committed = committed_dirs(root)
+    if committed and not cfg.overwrite:
+        raise ResumeError(
+            f"checkpoint.resume=false but {root} holds committed checkpoints of an earlier run "
+            f"({', '.join(d.name for d in committed[:3])}{', ...' if len(committed) > 3 else ''}); "
+            "pass --checkpoint.overwrite=true to set them aside, or use another checkpoint.dir / run.dir"
+        )
+    for ckpt_dir in step_dirs(root):
+        if is_committed(ckpt_dir):
+            why = "superseded by a fresh start (checkpoint.overwrite=true)"
+            moved = supersede(ckpt_dir, why)
+        else:
+            why = "torn (never committed), found at a fresh start"
+            moved = quarantine(ckpt_dir, why)
+        logs.event("checkpoint_set_aside", step=step_of(ckpt_dir), reason=why, moved_to=str(moved))
+    return NO_CHECKPOINT
+
+
+def resolve_start(root: Path, cfg: CheckpointConfig, ctx: DistContext, logs: RunLogs) -> Path | None:
+    """Collective. Where this attempt starts: a checkpoint directory to resume from, or None (step 0).
+    Raises ResumeError (on every rank) if starting is unsafe."""
+
+    def decide() -> int:
+        _check_writable(root)
+        return pick_resume(root, cfg, logs) if cfg.resume else _set_aside_for_fresh_start(root, cfg, logs)
+
+    choice = decide_on_rank0(decide, ctx)
     if choice == NONE_VERIFIED:
         if cfg.allow_fresh_start:
             logs.event(
@@ -89,3 +164,47 @@ def resolve_resume(root: Path, cfg: CheckpointConfig, ctx: DistContext, logs: Ru
     if choice == NO_CHECKPOINT:
         return None
     return root / step_dir_name(choice)
+
+
+def resolve_rollback(root: Path, cfg: CheckpointConfig, ctx: DistContext, logs: RunLogs) -> Path:
+    """Collective. The newest verified checkpoint for a NaN rollback; raises if there is none."""
+    choice = decide_on_rank0(lambda: pick_resume(root, cfg, logs), ctx)
+    if choice < 0:
+        raise ResumeError("rollback requested but there is no verified checkpoint to roll back to")
+    return root / step_dir_name(choice)
+
+
+def find_verified(path: Path, checksums: bool) -> Path:
+    """Read-only. `path` is a `step_XXXXXXXX` directory (which must verify), or a run directory /
+    checkpoint root, whose newest checkpoint that verifies is used. Raises CheckpointNotFound saying why."""
+    path = Path(path)
+    if not path.is_dir():
+        raise CheckpointNotFound(f"{path}: no such checkpoint directory")
+    if step_of(path) is not None:
+        problem = verification_problem(path, checksums)
+        if problem is not None:
+            raise CheckpointNotFound(
+                f"{path} does not verify ({problem}); refusing to read an incomplete or corrupted checkpoint"
+            )
+        return path
+    candidates = step_dirs(checkpoint_root(path))
+    if not candidates:
+        raise CheckpointNotFound(
+            f"{path}: not a checkpoint directory (step_XXXXXXXX) and holds no checkpoints "
+            "(neither directly nor under checkpoints/)"
+        )
+    reasons = []
+    for candidate in candidates:
+        problem = verification_problem(candidate, checksums)
+        if problem is None:
+            return candidate
+        reasons.append(f"{candidate.name}: {problem}")
+    raise CheckpointNotFound(f"no checkpoint under {path} verifies: " + "; ".join(reasons))
+
+
+def find_verified_collective(path: Path, checksums: bool, ctx: DistContext) -> Path:
+    """Collective `find_verified`: rank 0 hashes and decides, every rank gets the same directory (or
+    every rank raises), so no rank can go on to a collective load the others will not join."""
+    path = Path(path)
+    step = decide_on_rank0(lambda: step_of(find_verified(path, checksums)) or 0, ctx)
+    return path if step_of(path) == step else checkpoint_root(path) / step_dir_name(step)

@@ -4,12 +4,18 @@ Stock DCP `pickle.load`s the `.metadata` file and `torch.load(weights_only=False
 item. A planted payload would run code. Here `.metadata` goes through an unpickler that resolves only
 DCP's own metadata classes and a few inert torch/pathlib types, and byte items load with
 `weights_only=True`. Anything else is refused with `UnsafeCheckpointError` before it can execute.
+
+`single_process()` silences the one DCP warning that says it runs without a process group, around the
+calls that do so on purpose (a one-process run, export, import); nothing is filtered at import time.
 """
 
 from __future__ import annotations
 
 import io
 import pickle
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -18,6 +24,16 @@ from torch.distributed.checkpoint._traverse import set_element
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.planner import ReadItem
+
+
+@contextmanager
+def single_process() -> Iterator[None]:
+    """DCP warns that it runs without a process group: exactly the intent where this is used."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings(
+            "ignore", message=r"torch.distributed is disabled, unavailable or uninitialized"
+        )
+        yield
 
 
 class UnsafeCheckpointError(RuntimeError):

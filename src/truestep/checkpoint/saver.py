@@ -15,25 +15,27 @@ from __future__ import annotations
 import shutil
 import threading
 import time
-import warnings
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemWriter
 
-from truestep.checkpoint.layout import LATEST, MARKER, step_dir_name, step_dirs, step_of
-from truestep.checkpoint.manifest import write_manifest, write_marker
-from truestep.checkpoint.state import dcp_state, write_rank_state
-from truestep.faults.hooks import fault_point, set_context
-from truestep.telemetry.digest import param_digest
-
-if TYPE_CHECKING:
-    from truestep.train.trainer import Trainer
+from truestep.checkpoint.catalog import LATEST, committed_dirs, step_dir_name, step_of
+from truestep.checkpoint.manifest import read_marker, write_manifest, write_marker
+from truestep.checkpoint.safe_dcp import single_process
+from truestep.checkpoint.state import Checkpointable, write_rank_state
+from truestep.config.schema import CheckpointConfig
+from truestep.core.errors import FencedError
+from truestep.core.fsio import atomic_write, make_dir
+from truestep.faults.hooks import fault_point
+from truestep.parallel.dist import DistContext
+from truestep.telemetry.run_logs import RunLogs
 
 
 class _ShardWriter(FileSystemWriter):
@@ -51,10 +53,6 @@ class _ShardWriter(FileSystemWriter):
         return written
 
 
-# A single process saves without a process group on purpose; DCP warns about exactly that.
-warnings.filterwarnings("ignore", message=r"torch.distributed is disabled, unavailable or uninitialized")
-
-
 @dataclass
 class PendingSave:
     step: int
@@ -65,12 +63,29 @@ class PendingSave:
 
 
 class Checkpointer:
-    def __init__(self, trainer: Trainer) -> None:
-        self.cfg = trainer.cfg.checkpoint
-        self.ctx = trainer.ctx
-        self.logs = trainer.logs
-        self.root = Path(self.cfg.dir) if self.cfg.dir else trainer.run_dir / "checkpoints"
-        set_context(checkpoint_root=self.root)
+    """Saves and commits the checkpoints of one attempt into `root`.
+
+    `fence` raises FencedError once this attempt no longer owns the run directory; it is called right
+    before a commit marker is published, so a stale writer can never publish a checkpoint.
+    """
+
+    def __init__(
+        self,
+        root: Path,
+        cfg: CheckpointConfig,
+        ctx: DistContext,
+        logs: RunLogs,
+        trajectory_keys: dict[str, Any],
+        fence: Callable[[], None],
+        incarnation: int,
+    ) -> None:
+        self.root = root
+        self.cfg = cfg
+        self.ctx = ctx
+        self.logs = logs
+        self.trajectory_keys = trajectory_keys
+        self.fence = fence
+        self.incarnation = incarnation
         self.pending: PendingSave | None = None
         self._committer: threading.Thread | None = None
         self._commit_error: BaseException | None = None
@@ -78,31 +93,32 @@ class Checkpointer:
         # A dedicated group keeps DCP's background collectives off FSDP's default group.
         self.group = dist.new_group(backend="gloo") if self.ctx.distributed and self.cfg.async_save else None
 
-    def save(self, trainer: Trainer, reason: str) -> None:
+    def save(self, step: int, states: Checkpointable, reason: str, digest: Callable[[], str]) -> None:
         """Collective. Start (async) or complete (sync) a save of the current step.
 
-        `blocking_s` in the event is everything the training loop waited for: the parameter digest,
-        the rank-state write, staging (async) or the whole write and commit (sync).
+        `blocking_s` in the event is everything the training loop waited for from the call on: the
+        previous save's completion, the parameter digest (`digest`, collective), the rank-state write,
+        staging (async) or the whole write and commit (sync).
         """
-        step = trainer.state.step
         if step == self.last_saved_step:
             self.logs.event("checkpoint_skipped", step=step, reason=reason, why="already saved at this step")
             return
-        self.wait()
         started = time.perf_counter()
-        digest = param_digest(trainer.model, self.ctx)
+        self.wait()
+        param_digest = digest()
         ckpt_dir = self.root / step_dir_name(step)
-        ckpt_dir.mkdir(parents=True, exist_ok=True)
+        make_dir(ckpt_dir)
         fault_point("save:before-shards", step=step)
-        write_rank_state(trainer, ckpt_dir)
-        state = dcp_state(trainer)
+        write_rank_state(ckpt_dir, self.ctx, states.rank_state(), self.trajectory_keys)
+        state = states.dcp_state_dict(with_optimizer=True)
         writer = _ShardWriter(ckpt_dir, step)
-        if self.cfg.async_save:
-            future = dcp.async_save(state, storage_writer=writer, process_group=self.group)
-        else:
-            dcp.save(state, storage_writer=writer)
-            future = Future()
-            future.set_result(None)
+        with single_process():  # a one-process run saves without a process group on purpose
+            if self.cfg.async_save:
+                future = dcp.async_save(state, storage_writer=writer, process_group=self.group)
+            else:
+                dcp.save(state, storage_writer=writer)
+                future = Future()
+                future.set_result(None)
         self.last_saved_step = step
         self.pending = PendingSave(step, ckpt_dir, future, started, reason)
         if not self.cfg.async_save:
@@ -113,7 +129,7 @@ class Checkpointer:
             reason=reason,
             async_save=self.cfg.async_save,
             blocking_s=time.perf_counter() - started,
-            param_digest=digest,
+            param_digest=param_digest,
         )
 
     def poll(self) -> None:
@@ -171,7 +187,21 @@ class Checkpointer:
     def _raise_commit_error(self) -> None:
         if self._commit_error is not None:
             err, self._commit_error = self._commit_error, None
+            if isinstance(err, FencedError):
+                raise err
             raise RuntimeError(f"committing a checkpoint failed: {err}") from err
+
+    def _check_fence(self) -> None:
+        """Refuse to publish if a newer attempt owns the run directory or committed after us."""
+        self.fence()
+        newest = committed_dirs(self.root)[:1]
+        if newest:
+            theirs = read_marker(newest[0]).get("incarnation")
+            if isinstance(theirs, int) and theirs > self.incarnation:
+                raise FencedError(
+                    f"{newest[0].name} was committed by attempt {theirs}, newer than this attempt "
+                    f"({self.incarnation}); not publishing an older attempt's checkpoint"
+                )
 
     def _commit(self, pending: PendingSave) -> None:
         started = time.perf_counter()
@@ -179,9 +209,10 @@ class Checkpointer:
             fault_point("save:before-manifest", step=pending.step)
             manifest = write_manifest(pending.ckpt_dir, pending.step)
             fault_point("save:before-marker", step=pending.step)
-            write_marker(pending.ckpt_dir, pending.step, manifest)
+            self._check_fence()
+            write_marker(pending.ckpt_dir, pending.step, manifest, self.incarnation)
             fault_point("save:after-marker", step=pending.step)
-        (self.root / LATEST).write_text(pending.ckpt_dir.name + "\n")  # a hint only
+        atomic_write(self.root / LATEST, (pending.ckpt_dir.name + "\n").encode())  # a hint only
         self.logs.event("checkpoint_commit", step=pending.step, commit_s=time.perf_counter() - started)
         self._retain()
 
@@ -190,7 +221,6 @@ class Checkpointer:
         keep = self.cfg.keep_last_n
         if keep <= 0:
             return
-        complete = [d for d in step_dirs(self.root) if not self.cfg.atomic_commit or (d / MARKER).is_file()]
-        for old in complete[keep:]:
+        for old in committed_dirs(self.root)[keep:]:
             shutil.rmtree(old)
             self.logs.event("checkpoint_removed", step=step_of(old), reason=f"keep_last_n={keep}")

@@ -1,100 +1,160 @@
-"""The full list of state that shapes the trajectory, captured and restored in one place.
+"""The rank-state file and the restore: everything beyond DCP that shapes the trajectory, per rank.
 
-- weights and optimizer state: DCP, through get_/set_{model,optimizer}_state_dict (resharding-capable);
-- per-rank JSON (`rankNNNNN.json`): counters and accounting, data position, every RNG stream of this
-  rank, the trajectory config keys and the layout. Per-rank files because DCP keeps only one rank's copy
-  of a non-DTensor value stored under a shared key.
-Adding a piece of state is one edit here.
+What is saved is handed over by the trainer through the `Checkpointable` protocol (the way torchtitan
+hands over `Stateful` objects): DCP-able weights and optimizer state, and a JSON-safe `RankState`
+(counters, data position, RNG streams). This module owns the `rankNNNNN.json` format around it (layout,
+trajectory config keys and fingerprint) and the restore policy: which ablation switches restore what,
+and what the RNG streams become on a layout change. Per-rank files because DCP keeps only one rank's
+copy of a non-DTensor value stored under a shared key.
 """
 
 from __future__ import annotations
 
+import enum
 import json
 import time
-from dataclasses import asdict
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.state_dict import (
-    get_model_state_dict,
-    get_optimizer_state_dict,
-    set_model_state_dict,
-    set_optimizer_state_dict,
-)
 
-from truestep.checkpoint.fsio import atomic_write
-from truestep.checkpoint.layout import rank_state_name
-from truestep.checkpoint.manifest import read_json
+from truestep.checkpoint.catalog import rank_state_name
+from truestep.checkpoint.manifest import VerifyError, read_json
 from truestep.checkpoint.resolver import ResumeError
 from truestep.checkpoint.safe_dcp import SafeFileSystemReader, SafeLoadPlanner
-from truestep.config.fingerprint import diff_keys, fingerprint, trajectory_keys
-from truestep.train.rng import capture_rng, restore_rng, seed_streams
-
-if TYPE_CHECKING:
-    from truestep.train.trainer import Trainer
+from truestep.config.fingerprint import diff_keys, fingerprint
+from truestep.config.schema import CheckpointConfig
+from truestep.core.fsio import atomic_write
+from truestep.parallel.dist import DistContext
+from truestep.telemetry.run_logs import RunLogs
 
 RANK_STATE_FORMAT = "truestep-rank-state"
 
 
-def dcp_state(trainer: Trainer, with_optimizer: bool = True) -> dict[str, Any]:
-    state: dict[str, Any] = {"model": get_model_state_dict(trainer.model)}
-    if with_optimizer:
-        state["optim"] = get_optimizer_state_dict(trainer.model, trainer.optimizer)
-    return state
+class RngPolicy(enum.StrEnum):
+    RESTORED = "restored"
+    """Same layout: every rank gets its own saved streams back."""
+    REDERIVED = "rederived"
+    """Layout changed: streams re-derived from (seed, dp_rank, step); the old ones have no counterpart."""
+    FRESH_SEED = "fresh-seed"
+    """Ablation (restore_rng_state=false): seeded as at a fresh start."""
 
 
-def rank_state(trainer: Trainer) -> dict[str, Any]:
-    keys = trajectory_keys(trainer.cfg)
-    return {
+@dataclass
+class RankState:
+    """One rank's JSON-safe state beyond DCP."""
+
+    train_state: dict[str, Any]
+    """Step and accounting counters (TrainState)."""
+    data_position: dict[str, Any]
+    """The loader's state (the next global batch)."""
+    rng: dict[str, Any]
+    """Every RNG stream of the rank."""
+
+
+class Checkpointable(Protocol):
+    """What a checkpoint saves and loads; the trainer implements it."""
+
+    def dcp_state_dict(self, with_optimizer: bool) -> dict[str, Any]: ...
+
+    def load_dcp_state_dict(self, state: dict[str, Any]) -> None: ...
+
+    def rank_state(self) -> RankState: ...
+
+    def load_rank_state(self, state: RankState, *, data_position: bool, rng: RngPolicy) -> None: ...
+
+
+@dataclass
+class SavedRankState:
+    """A parsed rankNNNNN.json."""
+
+    rank: int
+    layout: dict[str, Any]
+    config_keys: dict[str, Any]
+    config_fingerprint: str | None
+    state: RankState
+
+    @property
+    def step(self) -> int | None:
+        step = self.state.train_state.get("step")
+        return step if isinstance(step, int) else None
+
+
+def write_rank_state(
+    ckpt_dir: Path, ctx: DistContext, state: RankState, trajectory_keys: dict[str, Any]
+) -> None:
+    record = {
         "format": RANK_STATE_FORMAT,
         "version": 1,
-        "rank": trainer.ctx.rank,
-        "dp_rank": trainer.ctx.dp_rank,
-        "tp_rank": trainer.ctx.tp_rank,
-        "layout": trainer.ctx.layout(),
-        "train_state": asdict(trainer.state),
-        "loader": trainer.loader.state_dict(),
-        "rng": capture_rng(),
-        "config_keys": keys,
-        "config_fingerprint": fingerprint(keys),
+        "rank": ctx.rank,
+        "dp_rank": ctx.dp_rank,
+        "tp_rank": ctx.tp_rank,
+        "layout": ctx.layout(),
+        "train_state": state.train_state,
+        "loader": state.data_position,
+        "rng": state.rng,
+        "config_keys": trajectory_keys,
+        "config_fingerprint": fingerprint(trajectory_keys),
         "saved_at": time.time(),
     }
+    atomic_write(ckpt_dir / rank_state_name(ctx.rank), json.dumps(record, separators=(",", ":")).encode())
 
 
-def write_rank_state(trainer: Trainer, ckpt_dir: Path) -> None:
-    blob = json.dumps(rank_state(trainer), separators=(",", ":")).encode()
-    atomic_write(ckpt_dir / rank_state_name(trainer.ctx.rank), blob)
-
-
-def _read_rank_state(ckpt_dir: Path, rank: int) -> dict[str, Any]:
-    saved = read_json(ckpt_dir / rank_state_name(rank))
+def read_rank_state(ckpt_dir: Path, rank: int) -> SavedRankState:
+    """Parse rankNNNNN.json; VerifyError saying why when it is not a v1 rank-state file."""
+    path = ckpt_dir / rank_state_name(rank)
+    saved = read_json(path)
     if not isinstance(saved, dict) or saved.get("format") != RANK_STATE_FORMAT or saved.get("version") != 1:
-        raise ResumeError(f"{ckpt_dir / rank_state_name(rank)} is not a truestep rank-state file (v1)")
-    return saved
+        raise VerifyError(f"{path.name} is not a truestep rank-state file (v1)")
+    tables = {k: saved.get(k) for k in ("layout", "train_state", "loader", "rng", "config_keys")}
+    missing = [k for k, v in tables.items() if not isinstance(v, dict)]
+    if missing:
+        raise VerifyError(f"{path.name} lacks {', '.join(missing)}")
+    fp = saved.get("config_fingerprint")
+    return SavedRankState(
+        rank=rank,
+        layout=tables["layout"],
+        config_keys=tables["config_keys"],
+        config_fingerprint=fp if isinstance(fp, str) else None,
+        state=RankState(tables["train_state"], tables["loader"], tables["rng"]),
+    )
 
 
-def check_config(trainer: Trainer, saved: dict[str, Any]) -> list[str]:
-    """Differences in trajectory-relevant keys; raises unless checkpoint.allow_config_change."""
-    differences = diff_keys(saved["config_keys"], trajectory_keys(trainer.cfg))
-    if differences and not trainer.cfg.checkpoint.allow_config_change:
+def _read_for_resume(ckpt_dir: Path, rank: int) -> SavedRankState:
+    try:
+        return read_rank_state(ckpt_dir, rank)
+    except VerifyError as err:
+        raise ResumeError(f"{ckpt_dir}: {err}") from err
+
+
+def check_config(saved: SavedRankState, current_keys: dict[str, Any], allow_change: bool) -> list[str]:
+    """Differences in trajectory-relevant keys; raises unless allowed."""
+    differences = diff_keys(saved.config_keys, current_keys)
+    if differences and not allow_change:
         raise ResumeError(
             "refusing to resume: the config differs from the checkpoint's in keys that change the "
-            "trajectory:\n  " + "\n  ".join(differences) + "\nRestore them, start a new run directory, or "
+            "trajectory: " + "; ".join(differences) + ". Restore them, start a new run directory, or "
             "pass --checkpoint.allow_config_change=true to resume anyway."
         )
     return differences
 
 
-def restore(trainer: Trainer, ckpt_dir: Path) -> dict[str, Any]:
+def restore(
+    states: Checkpointable,
+    ckpt_dir: Path,
+    cfg: CheckpointConfig,
+    ctx: DistContext,
+    trajectory_keys: dict[str, Any],
+    logs: RunLogs,
+) -> dict[str, Any]:
     """Collective. Restore everything the switches allow; return facts for the restore event."""
-    cfg, ctx = trainer.cfg.checkpoint, trainer.ctx
-    shared = _read_rank_state(ckpt_dir, 0)
-    differences = check_config(trainer, shared)
-    same_layout = shared["layout"] == ctx.layout()
+    shared = _read_for_resume(ckpt_dir, 0)
+    differences = check_config(shared, trajectory_keys, cfg.allow_config_change)
+    same_layout = shared.layout == ctx.layout()
 
-    state = dcp_state(trainer, with_optimizer=cfg.restore_optimizer_state)
+    state = states.dcp_state_dict(with_optimizer=cfg.restore_optimizer_state)
     weights_restored = True
     try:
         dcp.load(state, storage_reader=SafeFileSystemReader(ckpt_dir), planner=SafeLoadPlanner())
@@ -104,33 +164,24 @@ def restore(trainer: Trainer, ckpt_dir: Path) -> dict[str, Any]:
         # Ablation of atomic_commit: reproduce the naive trainer that trusts a torn directory, loads
         # what is there and carries on (strict=False style). Loud in the event log, silent in training.
         weights_restored = False
-        trainer.logs.event("naive_partial_restore", path=str(ckpt_dir), error=f"{type(err).__name__}: {err}")
+        logs.event("naive_partial_restore", path=str(ckpt_dir), error=f"{type(err).__name__}: {err}")
     if weights_restored:
-        set_model_state_dict(trainer.model, state["model"])
-        if cfg.restore_optimizer_state:
-            set_optimizer_state_dict(trainer.model, trainer.optimizer, state["optim"])
+        states.load_dcp_state_dict(state)
 
-    for key, value in shared["train_state"].items():
-        setattr(trainer.state, key, value)
-    trainer.state.attempts += 1
-    if cfg.restore_data_position:
-        trainer.loader.load_state_dict(shared["loader"])
-
-    step, seed = trainer.state.step, trainer.cfg.train.seed
     if not cfg.restore_rng_state:
-        rng_policy = "fresh-seed"
-        seed_streams(seed, ctx.dp_rank, step=0)
+        policy = RngPolicy.FRESH_SEED
     elif same_layout:
-        rng_policy = "restored"
-        restore_rng(_read_rank_state(ckpt_dir, ctx.rank)["rng"])
+        policy = RngPolicy.RESTORED
     else:
-        rng_policy = "rederived"
-        seed_streams(seed, ctx.dp_rank, step=step)
+        policy = RngPolicy.REDERIVED
+    mine = shared if ctx.rank == 0 or policy != RngPolicy.RESTORED else _read_for_resume(ckpt_dir, ctx.rank)
+    own = RankState(shared.state.train_state, shared.state.data_position, mine.state.rng)
+    states.load_rank_state(own, data_position=cfg.restore_data_position, rng=policy)
     return {
-        "step": step,
+        "step": shared.step,
         "layout_changed": not same_layout,
-        "saved_layout": shared["layout"],
-        "rng_policy": rng_policy,
+        "saved_layout": shared.layout,
+        "rng_policy": str(policy),
         "config_differences": differences,
         "restored_weights": weights_restored,
         "restored_optimizer": cfg.restore_optimizer_state and weights_restored,

@@ -10,7 +10,9 @@ from truestep.analysis.fidelity import DEFAULT_MARGIN, floor
 from truestep.analysis.runlog import RunLog
 from truestep.analysis.summary import analyze
 from truestep.config.load import load_config
-from truestep.experiment.plan import plan_jobs, run_plan, summarize
+from truestep.experiment.plan import plan_jobs
+from truestep.experiment.runner import run_plan
+from truestep.experiment.summary import summarize
 from truestep.faults.spec import campaign, parse_faults
 
 DEMO_FAULTS = ["kill:rank=1:step=12", "term:step=22:restart=1"]

@@ -1,7 +1,7 @@
 """`truestep export CKPT --to hf|torch DEST` and `truestep import-hf HF_DIR --out CKPT_DIR`.
 
-Exit codes: 0 success; 1 refused (checkpoint does not verify, unsupported architecture or config,
-weights that do not fit, destination not empty); 2 usage errors.
+Exit codes: 0 success; 3 refused (checkpoint does not verify, unsupported architecture or config,
+weights that do not fit, destination not empty); 2 usage errors; 1 an I/O error.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from truestep.interop.errors import InteropError
+from truestep.core.errors import TruestepError
 
 USAGE = """usage:
   truestep export CKPT --to hf OUT_DIR [--max-shard-size 5GB] [--no-checksums]
@@ -58,8 +58,8 @@ def _import_parser() -> argparse.ArgumentParser:
 
 
 def _export(argv: list[str]) -> int:
-    from truestep.interop.ckpt import export_torch
     from truestep.interop.hf import export_hf
+    from truestep.interop.torch_file import export_torch
 
     args = _export_parser().parse_args(argv)
     checksums = not args.no_checksums
@@ -97,9 +97,9 @@ def interop_main(argv: list[str]) -> int:
         return _export(rest) if name == "export" else _import(rest)
     except SystemExit as exit_:  # argparse printed the usage error (or --help) already
         return int(exit_.code or 0)
-    except InteropError as err:
+    except TruestepError as err:
         print(f"truestep {name}: error: {err}", file=sys.stderr)
-        return 1
+        return int(err.exit_code)
     except OSError as err:
         print(f"truestep {name}: error: {err}", file=sys.stderr)
         return 1

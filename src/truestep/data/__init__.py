@@ -5,7 +5,6 @@ whole state is one integer and resuming is O(1) and independent of the data-para
 """
 
 from truestep.data.build import build_loader
-from truestep.data.cli import prepare_data_main
 from truestep.data.dataset import TokenDataset
 from truestep.data.demo import default_demo_dir, demo_corpus_files, ensure_demo_data
 from truestep.data.errors import DataError
@@ -29,7 +28,6 @@ __all__ = [
     "ensure_demo_data",
     "load_tokenizer",
     "prepare_data",
-    "prepare_data_main",
     "read_meta",
     "verify_data_dir",
 ]

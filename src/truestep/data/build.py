@@ -7,7 +7,6 @@ from typing import TYPE_CHECKING
 
 from truestep.data.dataset import TokenDataset
 from truestep.data.demo import ensure_demo_data
-from truestep.data.errors import DataError
 from truestep.data.loader import BatchLoader
 from truestep.data.sampler import GlobalSampler
 
@@ -22,16 +21,9 @@ def build_loader(
     dp_rank: int,
     dp_size: int,
 ) -> BatchLoader:
-    """Open the configured data (the demo corpus when `cfg_data.path` is empty) for rank `dp_rank`.
-
-    `micro_batch_size` 0 means one micro-batch per step, i.e. global_batch_size / dp_size, matching
-    the meaning of `train.micro_batch_size = 0`.
-    """
+    """Open the configured data (the demo corpus when `cfg_data.path` is empty) for rank `dp_rank`,
+    feeding micro-batches of `micro_batch_size` samples (the effective value: `TrainConfig.micro_batch`)."""
     data_dir = Path(cfg_data.path).expanduser() if cfg_data.path else ensure_demo_data()
     dataset = TokenDataset(data_dir, cfg_data.seq_len)
     sampler = GlobalSampler(len(dataset), global_batch_size, cfg_data.data_seed)
-    if micro_batch_size == 0:
-        micro_batch_size = sampler.per_rank(dp_size)
-    elif micro_batch_size < 0:
-        raise DataError(f"micro_batch_size must be >= 0, got {micro_batch_size}")
     return BatchLoader(dataset, sampler, dp_rank, dp_size, micro_batch_size)

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from truestep.core.errors import RefusedError
 
-class DataError(ValueError):
+
+class DataError(RefusedError, ValueError):
     """A data directory, input file, tokenizer or loader state is unusable.
 
-    It subclasses ValueError so callers that already treat bad configuration as a ValueError keep
-    working, while the CLI can catch exactly this type and print the message without a traceback.
+    A RefusedError, so the CLI prints the message as one line and exits with code 3; still a
+    ValueError for callers that treat bad input as one.
     """

@@ -1,27 +1,17 @@
-"""An experiment: the reference, the same-seed repeat (floor), the faulted run(s) and optionally the
-ablation matrix, run through the local supervisor, then analysed into summary.json and a report.
+"""An experiment's plan: the reference, the same-seed repeat (floor), the faulted run(s) and optionally
+the ablation matrix (runner.py runs it through the local supervisor; summary.py analyses it).
 
 Directory layout:
   OUT/experiment.json      the plan (config, overrides, jobs with their faults)
   OUT/runs/<job>/          one run directory per job (metrics.jsonl, events.jsonl, checkpoints/)
   OUT/logs/<job>.log       the supervisor's and ranks' console output
-  OUT/summary.json         every measure (analysis/summary.py)
+  OUT/summary.json         every measure (experiment/summary.py)
   OUT/report.md, report.html, plots/*.png
 """
 
 from __future__ import annotations
 
-import json
-import math
-import time
-from dataclasses import asdict
-from pathlib import Path
-from typing import Any
-
-from truestep.analysis.fidelity import DEFAULT_MARGIN, floor
-from truestep.analysis.runlog import RunLog
-from truestep.analysis.summary import analyze
-from truestep.experiment.runner import JobSpec, run_job
+from truestep.experiment.runner import JobSpec
 
 # Ablation rows: the switches that turn one mechanism off (docs/checkpointing.md, docs/measures.md).
 ABLATION_ROWS: dict[str, list[str]] = {
@@ -72,64 +62,3 @@ def plan_jobs(
                     JobSpec(f"ablation-{row}-{mode}", config, overrides + ABLATION_ROWS[row], nproc, cell)
                 )
     return jobs
-
-
-def run_plan(out: Path, jobs: list[JobSpec], progress: bool = True) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "logs").mkdir(exist_ok=True)
-    (out / "experiment.json").write_text(json.dumps({"jobs": [asdict(j) for j in jobs]}, indent=1))
-    for index, job in enumerate(jobs, 1):
-        run_dir = out / "runs" / job.name
-        if (run_dir / "metrics.jsonl").exists():
-            raise FileExistsError(f"{run_dir} already holds a run; use a fresh --out directory")
-        started = time.time()
-        if progress:
-            print(f"[{index}/{len(jobs)}] {job.name}  faults: {'; '.join(job.faults) or 'none'}", flush=True)
-        code = run_job(job, run_dir, log=out / "logs" / f"{job.name}.log")
-        if progress:
-            print(f"        exit {code} after {time.time() - started:.1f}s", flush=True)
-
-
-def summarize(out: Path, margin: float = DEFAULT_MARGIN) -> dict[str, Any]:
-    """Analyse every run of an experiment directory against its reference and floor."""
-    plan = json.loads((out / "experiment.json").read_text())
-    runs = {job["name"]: RunLog.load(out / "runs" / job["name"]) for job in plan["jobs"]}
-    ref, repeat = runs["reference"], runs["floor"]
-    base = floor(repeat, ref)
-    summary: dict[str, Any] = {
-        "margin": margin,
-        "floor": asdict(base),
-        "runs": {name: analyze(run, ref, base, margin) for name, run in runs.items()},
-    }
-    summary["ablation"] = [
-        _ablation_cell(row, mode, summary["runs"][f"ablation-{row}-{mode}"])
-        for row in ABLATION_ROWS
-        for mode in ABLATION_MODES
-        if f"ablation-{row}-{mode}" in summary["runs"]
-    ]
-    (out / "summary.json").write_text(json.dumps(_strict_json(summary), indent=1, default=str))
-    return summary
-
-
-def _ablation_cell(row: str, mode: str, result: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "row": row,
-        "mode": mode,
-        "run": f"ablation-{row}-{mode}",
-        "flagged": not result["preserving"],
-        "first_divergent_step": result["fidelity"]["first_divergent_step"],
-        "first_violation_step": result["first_violation_step"],
-        "plain_tokens_per_s": result["goodput"]["plain_tokens_per_s"],
-        "correct_tokens_per_s": result["goodput"]["correct_tokens_per_s"],
-    }
-
-
-def _strict_json(value: Any) -> Any:
-    """Non-finite floats (a NaN loss, an infinite deviation) as strings, so strict readers parse it."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return str(value)
-    if isinstance(value, dict):
-        return {k: _strict_json(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_strict_json(v) for v in value]
-    return value

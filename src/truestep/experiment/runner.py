@@ -1,16 +1,18 @@
-"""Run one job the way a preemptible cluster would: the local supervisor restarts failed ranks, and a
+"""Run an experiment's jobs the way a preemptible cluster would: the local supervisor restarts failed ranks, and a
 graceful preemption (exit 75) is requeued by relaunching the supervisor, as SLURM would."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from truestep.faults.hooks import ENV_VAR as FAULTS_ENV
+from truestep.config.load import load_config
+from truestep.core.names import ENV_FAULTS, ENV_JOB_START, METRICS_FILE
 
 
 @dataclass
@@ -26,15 +28,16 @@ class JobSpec:
     """Simulated scheduler wait between a requeue exit and the relaunch."""
 
 
-def run_job(spec: JobSpec, run_dir: Path, requeue_code: int = 75, log: Path | None = None) -> int:
+def run_job(spec: JobSpec, run_dir: Path, log: Path | None = None) -> int:
     """Launch (and requeue) until the job finishes or gives up; return the last exit code."""
+    requeue_code = load_config(spec.config, spec.overrides).resilience.requeue_exit_code
     env = dict(os.environ)
-    env.pop(FAULTS_ENV, None)
+    env.pop(ENV_FAULTS, None)
     if spec.faults:
-        env[FAULTS_ENV] = ";".join(spec.faults)
+        env[ENV_FAULTS] = ";".join(spec.faults)
     env.setdefault("OMP_NUM_THREADS", "1")
     # One job clock across requeues, so time-based faults and attempts share a time origin.
-    env["TRUESTEP_JOB_START"] = str(time.time())
+    env[ENV_JOB_START] = str(time.time())
     cmd = [sys.executable, "-m", "truestep", "launch", spec.config, f"--nproc={spec.nproc}"]
     cmd += [f"--max-restarts={spec.max_restarts}", f"--run.dir={run_dir}", *spec.overrides]
     code = 1
@@ -47,3 +50,19 @@ def run_job(spec: JobSpec, run_dir: Path, requeue_code: int = 75, log: Path | No
             return code
         time.sleep(spec.requeue_delay_s)
     return code
+
+
+def run_plan(out: Path, jobs: list[JobSpec], progress: bool = True) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "logs").mkdir(exist_ok=True)
+    (out / "experiment.json").write_text(json.dumps({"jobs": [asdict(j) for j in jobs]}, indent=1))
+    for index, job in enumerate(jobs, 1):
+        run_dir = out / "runs" / job.name
+        if (run_dir / METRICS_FILE).exists():
+            raise FileExistsError(f"{run_dir} already holds a run; use a fresh --out directory")
+        started = time.time()
+        if progress:
+            print(f"[{index}/{len(jobs)}] {job.name}  faults: {'; '.join(job.faults) or 'none'}", flush=True)
+        code = run_job(job, run_dir, log=out / "logs" / f"{job.name}.log")
+        if progress:
+            print(f"        exit {code} after {time.time() - started:.1f}s", flush=True)

@@ -2,10 +2,18 @@
 (`hooks.py`). Inert when no fault is configured; only code at a fault point imports it."""
 
 from truestep.faults.hooks import arm, armed, fault_point, poison_loss, set_context
-from truestep.faults.spec import FaultSpec, campaign, parse_fault, parse_faults
+from truestep.faults.spec import (
+    FaultSpec,
+    FaultSpecError,
+    campaign,
+    parse_fault,
+    parse_faults,
+    requested_faults,
+)
 
 __all__ = [
     "FaultSpec",
+    "FaultSpecError",
     "arm",
     "armed",
     "campaign",
@@ -13,5 +21,6 @@ __all__ = [
     "parse_fault",
     "parse_faults",
     "poison_loss",
+    "requested_faults",
     "set_context",
 ]

@@ -1,10 +1,11 @@
 """Fault points compiled into the code paths that matter, and what an armed fault does there.
 
-Inert unless armed: with no spec, `fault_point` is one dict lookup. Specs are armed from the env var
-TRUESTEP_FAULTS at import (that is how `truestep launch` and `experiment` arm child ranks) or by `arm`.
-Every fault that fires is announced on stderr and, when a run directory is known, written to its
-events.jsonl as `fault_injected` with its wall-clock time: detection latency and MTTR are measured from
-the true fault time.
+Inert unless armed: with no spec, `fault_point` is one dict lookup. Specs are armed explicitly by
+`truestep train` (from --fault and TRUESTEP_FAULTS, parsed and checked at start-up) via `arm`; nothing
+happens at import. Every fault that fires is announced on stderr and, when a run directory is known,
+written to its events.jsonl as `fault_injected` with its wall-clock time: detection latency and MTTR are
+measured from the true fault time. The trainer hands over what a fault needs to know through
+`set_context` (run directory, attempt number, where the newest committed checkpoint is).
 """
 
 from __future__ import annotations
@@ -14,20 +15,19 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
-from truestep.faults.spec import POINTS, FaultSpec, parse_faults
-
-ENV_VAR = "TRUESTEP_FAULTS"
-JOB_START_ENV = "TRUESTEP_JOB_START"
-SUPERVISOR_ENV = "TRUESTEP_SUPERVISOR_PID"
+from truestep.core.env import world_from_env
+from truestep.core.fsio import append_bytes
+from truestep.core.names import ENV_ATTEMPT, ENV_JOB_START, ENV_SUPERVISOR_PID, EVENTS_FILE
+from truestep.faults.spec import FaultSpec
 
 _ARMED: dict[str, list[FaultSpec]] = {}
-_CONTEXT: dict[str, Path] = {}
+_CONTEXT: dict[str, Any] = {}
 _PROCESS_START = time.time()
 _last_step_mark: list[float] = []
-
-__all__ = ["ENV_VAR", "POINTS", "FaultSpec", "arm", "armed", "fault_point", "parse_faults", "poison_loss"]
 
 
 def arm(specs: list[FaultSpec]) -> None:
@@ -40,20 +40,28 @@ def armed() -> list[FaultSpec]:
     return [s for specs in _ARMED.values() for s in specs]
 
 
-def set_context(run_dir: Path | None = None, checkpoint_root: Path | None = None) -> None:
-    """Where to log fired faults and which checkpoints `corrupt` targets (set by the trainer)."""
-    if run_dir is not None:
-        _CONTEXT["run_dir"] = run_dir
-    if checkpoint_root is not None:
-        _CONTEXT["checkpoint_root"] = checkpoint_root
+def set_context(
+    run_dir: Path | None = None,
+    attempt: int | None = None,
+    newest_committed: Callable[[], Path | None] | None = None,
+) -> None:
+    """Where to log fired faults, which attempt this is (for `restart=K`), and which checkpoint a
+    `corrupt` fault damages (set by the trainer)."""
+    for key, value in (("run_dir", run_dir), ("attempt", attempt), ("newest_committed", newest_committed)):
+        if value is not None:
+            _CONTEXT[key] = value
+
+
+def _attempt() -> int:
+    return _CONTEXT.get("attempt", int(os.environ.get(ENV_ATTEMPT, "0")))
 
 
 def _elapsed() -> float:
-    return time.time() - float(os.environ.get(JOB_START_ENV, _PROCESS_START))
+    return time.time() - float(os.environ.get(ENV_JOB_START, _PROCESS_START))
 
 
-def _due(spec: FaultSpec, step: int | None, rank: int, restart: int) -> bool:
-    if spec.restart != restart or (spec.rank is not None and spec.rank != rank):
+def _due(spec: FaultSpec, step: int | None, rank: int, attempt: int) -> bool:
+    if spec.restart != attempt or (spec.rank is not None and spec.rank != rank):
         return False
     if spec.time is not None:
         return _elapsed() >= spec.time
@@ -67,9 +75,8 @@ def _fire(name: str, step: int | None) -> list[FaultSpec]:
     specs = _ARMED.get(name)
     if not specs:
         return []
-    rank = int(os.environ.get("RANK", "0"))
-    restart = int(os.environ.get("TRUESTEP_RESTART_COUNT", "0"))
-    fired = [s for s in specs if _due(s, step, rank, restart)]
+    rank = world_from_env()[0]
+    fired = [s for s in specs if _due(s, step, rank, _attempt())]
     for spec in fired:
         if spec.kind != "slow":
             specs.remove(spec)
@@ -87,20 +94,17 @@ def _announce(spec: FaultSpec, name: str, step: int | None, rank: int) -> None:
     run_dir = _CONTEXT.get("run_dir")
     if run_dir is not None:
         record = {"time": now, "source": "fault", "event": "fault_injected", "kind": spec.kind}
-        record.update(point=name, step=step, rank=rank, spec=spec.describe())
-        with open(run_dir / "events.jsonl", "a", encoding="utf-8") as f:  # one O_APPEND write
-            f.write(json.dumps(record) + "\n")
+        record.update(point=name, step=step, rank=rank, attempt=_attempt(), spec=spec.describe())
+        append_bytes(run_dir / EVENTS_FILE, (json.dumps(record) + "\n").encode())  # one O_APPEND write
 
 
-def _corrupt_latest() -> None:
+def _corrupt_newest_committed() -> None:
     """Flip one byte in the largest file of the newest committed checkpoint."""
-    root = _CONTEXT.get("checkpoint_root")
-    if root is None:
+    find = _CONTEXT.get("newest_committed")
+    victim_dir = find() if find is not None else None
+    if victim_dir is None:
         return
-    committed = sorted(p for p in root.glob("step_*") if (p / "COMMITTED").is_file())
-    if not committed:
-        return
-    victim = max((p for p in committed[-1].iterdir() if p.is_file()), key=lambda p: p.stat().st_size)
+    victim = max((p for p in victim_dir.iterdir() if p.is_file()), key=lambda p: p.stat().st_size)
     with open(victim, "r+b") as f:
         f.seek(victim.stat().st_size // 2)
         byte = f.read(1)
@@ -127,9 +131,9 @@ def fault_point(name: str, step: int | None = None) -> None:
             os.kill(os.getpid(), signal.SIGSTOP)
         elif spec.kind == "term":
             # The scheduler's preemption reaches the whole job: through the supervisor when there is one.
-            os.kill(int(os.environ.get(SUPERVISOR_ENV, os.getpid())), signal.SIGTERM)
+            os.kill(int(os.environ.get(ENV_SUPERVISOR_PID, os.getpid())), signal.SIGTERM)
         elif spec.kind == "corrupt":
-            _corrupt_latest()
+            _corrupt_newest_committed()
             os.kill(os.getpid(), signal.SIGKILL)
         elif spec.kind == "sleep":
             time.sleep(spec.seconds)
@@ -140,6 +144,3 @@ def fault_point(name: str, step: int | None = None) -> None:
 def poison_loss(step: int) -> bool:
     """True if a `nan` fault is due for this step."""
     return bool(_fire("train:loss", step))
-
-
-arm(parse_faults(os.environ.get(ENV_VAR, "")))

@@ -9,6 +9,8 @@ User-facing kinds (`--fault` on train/launch/experiment, or TRUESTEP_FAULTS, ';'
   corrupt:target=latest:step=N    flip a byte in the newest committed checkpoint, then SIGKILL
   nan:step=80                     poison the loss of step 80 (non-finite update)
   slow:rank=1:factor=3            rank 1 runs every step 3x slower
+  hang:at=startup:rank=1          SIGSTOP rank 1 as it starts, before its first heartbeat
+  kill:at=restore:rank=0          SIGKILL rank 0 while it restores a checkpoint
 Any of them may use `time=SECONDS` (since the job started) or `from=N` (the first time at a step >= N,
 e.g. whichever save comes next) instead of `step=N`. `restart=K` (default 0)
 fires the fault only in the K-th attempt of a supervised job, so a restarted job runs clean.
@@ -17,8 +19,12 @@ Low-level forms used by tests: `crash:at=POINT`, `sleep:at=POINT:seconds=S`.
 
 from __future__ import annotations
 
+import os
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
+
+from truestep.core.errors import UsageError
+from truestep.core.names import ENV_FAULTS
 
 SAVE_PHASES = (
     "before-shards",
@@ -28,7 +34,7 @@ SAVE_PHASES = (
     "before-marker",
     "after-marker",
 )
-POINTS = (*(f"save:{p}" for p in SAVE_PHASES), "train:step", "train:loss")
+POINTS = (*(f"save:{p}" for p in SAVE_PHASES), "train:step", "train:loss", "startup", "restore")
 KINDS = ("kill", "term", "hang", "crash-in-save", "corrupt", "nan", "slow", "crash", "sleep")
 _FIELDS = {"at", "step", "from", "rank", "restart", "seconds", "time", "phase", "target", "factor"}
 
@@ -52,10 +58,15 @@ class FaultSpec:
     """slow: step-time multiplier."""
     from_step: int | None = None
     """Fire the first time the point is reached at a step >= this (e.g. whichever save comes next)."""
+    text: str = field(default="", compare=False)
+    """The spec as the user wrote it (whitespace removed): re-runnable, logged with the fault."""
 
     def describe(self) -> str:
-        where = f"step={self.step}" if self.step is not None else f"time={self.time}"
-        return f"{self.kind}:rank={self.rank}:{where}:restart={self.restart}"
+        return self.text
+
+
+class FaultSpecError(UsageError, ValueError):
+    """A fault spec that does not parse; the message names the spec and the problem."""
 
 
 def _split(item: str) -> tuple[str, dict[str, str]]:
@@ -67,19 +78,19 @@ def _split(item: str) -> tuple[str, dict[str, str]]:
         rest = rest.replace(f"at={at}", "")
     for part in filter(None, rest.split(":")):
         if "=" not in part:
-            raise ValueError(f"fault {item!r}: field {part!r} must be key=value")
+            raise FaultSpecError(f"fault {item!r}: field {part!r} must be key=value")
         key, value = part.split("=", 1)
         fields[key] = value
     unknown = set(fields) - _FIELDS
     if unknown:
-        raise ValueError(f"fault {item!r}: unknown fields {sorted(unknown)}; known: {sorted(_FIELDS)}")
+        raise FaultSpecError(f"fault {item!r}: unknown fields {sorted(unknown)}; known: {sorted(_FIELDS)}")
     return kind, fields
 
 
-def parse_fault(item: str) -> FaultSpec:
-    kind, f = _split(item.strip())
+def _parse(item: str) -> FaultSpec:
+    kind, f = _split(item)
     if kind not in KINDS:
-        raise ValueError(f"fault {item!r}: unknown kind {kind!r}; known: {', '.join(KINDS)}")
+        raise FaultSpecError(f"fault {item!r}: unknown kind {kind!r}; known: {', '.join(KINDS)}")
     step = int(f["step"]) if "step" in f else None
     when = float(f["time"]) if "time" in f else None
     rank = int(f["rank"]) if "rank" in f else None
@@ -89,34 +100,51 @@ def parse_fault(item: str) -> FaultSpec:
         "restart": int(f.get("restart", 0)),
         "from_step": int(f["from"]) if "from" in f else None,
     }
+    if kind in ("kill", "hang") and "at" in f:
+        # At a named point instead of a step: e.g. `hang:at=startup:rank=1`, before the first heartbeat.
+        return FaultSpec(kind, f["at"], rank=0 if rank is None else rank, **common)
     if kind in ("kill", "term", "hang", "corrupt"):
         if step is None and when is None and "from" not in f:
-            raise ValueError(f"fault {item!r}: {kind} needs step=N, from=N or time=SECONDS")
+            raise FaultSpecError(f"fault {item!r}: {kind} needs step=N, from=N or time=SECONDS")
         if kind == "corrupt" and f.get("target", "latest") != "latest":
-            raise ValueError(f"fault {item!r}: only target=latest is supported")
+            raise FaultSpecError(f"fault {item!r}: only target=latest is supported")
         return FaultSpec(kind, "train:step", rank=0 if rank is None else rank, **common)
     if kind == "crash-in-save":
         phase = f.get("phase", "")
         if phase not in SAVE_PHASES:
-            raise ValueError(f"fault {item!r}: phase must be one of {', '.join(SAVE_PHASES)}")
+            raise FaultSpecError(f"fault {item!r}: phase must be one of {', '.join(SAVE_PHASES)}")
         return FaultSpec("crash", f"save:{phase}", rank=rank, **common)
     if kind == "nan":
         return FaultSpec("nan", "train:loss", rank=rank, **common)
     if kind == "slow":
         factor = float(f.get("factor", 0))
         if factor <= 1:
-            raise ValueError(f"fault {item!r}: slow needs factor > 1")
+            raise FaultSpecError(f"fault {item!r}: slow needs factor > 1")
         return FaultSpec("slow", "train:step", rank=rank, factor=factor, **common)
     # Low-level forms.
     if "at" not in f:
-        raise ValueError(f"fault {item!r}: {kind} needs at=<point>, one of {', '.join(POINTS)}")
-    if kind == "nan" and f["at"] != "train:loss":
-        raise ValueError(f"fault {item!r}: nan faults go at train:loss")
+        raise FaultSpecError(f"fault {item!r}: {kind} needs at=<point>, one of {', '.join(POINTS)}")
     return FaultSpec(kind, f["at"], rank=rank, seconds=float(f.get("seconds", 0.0)), **common)
+
+
+def parse_fault(item: str) -> FaultSpec:
+    text = "".join(item.split())
+    try:
+        spec = _parse(text)
+    except FaultSpecError:
+        raise
+    except ValueError as err:  # int()/float() of a field
+        raise FaultSpecError(f"fault {item!r}: {err}") from None
+    return replace(spec, text=text)
 
 
 def parse_faults(text: str) -> list[FaultSpec]:
     return [parse_fault(item) for item in text.split(";") if item.strip()]
+
+
+def requested_faults(cli_specs: list[str]) -> str:
+    """Every fault asked for: TRUESTEP_FAULTS (how supervisors and experiments arm ranks) plus --fault."""
+    return ";".join(filter(None, [os.environ.get(ENV_FAULTS, ""), *cli_specs]))
 
 
 def campaign(count: int, seed: int, max_steps: int, world_size: int, interval: int) -> list[str]:

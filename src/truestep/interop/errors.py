@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from truestep.core.errors import RefusedError
 
-class InteropError(RuntimeError):
-    """An export/import/init_from refused: the message says what is wrong and, where it can, what to do."""
+
+class InteropError(RefusedError):
+    """An export/import refused: the message says what is wrong and, where it can, what to do."""

@@ -18,22 +18,20 @@ from typing import Any
 
 import torch
 
-from truestep.checkpoint.fsio import atomic_write
-from truestep.config.schema import ModelConfig
-from truestep.interop.ckpt import (
+from truestep.checkpoint.resolver import find_verified
+from truestep.checkpoint.weights import (
     TensorMeta,
     check_config_fits,
     expected_shapes,
     load_model_tensors,
     model_overrides,
     model_tensor_meta,
-    prepare_new_dir,
-    publish_dir,
     read_model_config,
     shape_problems,
-    verified_checkpoint,
-    write_weights_checkpoint,
 )
+from truestep.checkpoint.weights_only import write_weights_checkpoint
+from truestep.config.schema import ModelConfig
+from truestep.core.fsio import atomic_write, new_staging_dir, publish_dir
 from truestep.interop.errors import InteropError
 from truestep.interop.names import from_hf, sort_key, to_hf
 from truestep.model.llama import ffn_hidden_dim
@@ -268,7 +266,7 @@ def export_hf(
     """
     st = _safetensors()
     max_bytes = parse_size(max_shard_size)
-    ckpt_dir = verified_checkpoint(Path(ckpt), checksums)
+    ckpt_dir = find_verified(Path(ckpt), checksums)
     cfg = read_model_config(ckpt_dir)
     meta = model_tensor_meta(ckpt_dir)
     check_config_fits(ckpt_dir, cfg, meta)
@@ -277,7 +275,7 @@ def export_hf(
         fqns = [f for f in fqns if f != "output.weight"]  # HF ties lm_head to embed_tokens itself
     shards = plan_shards(meta, fqns, max_bytes)
     out_dir = Path(out_dir)
-    staging = prepare_new_dir(out_dir, "an export")
+    staging = new_staging_dir(out_dir, "an export")
     try:
         names = (
             [SINGLE_FILE]
@@ -428,5 +426,4 @@ __all__ = [
     "import_hf",
     "model_config_from_hf",
     "parse_size",
-    "read_model_config",
 ]

@@ -35,9 +35,6 @@ class RMSNorm(nn.Module):
         normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
         return normed.type_as(x) * self.weight
 
-    def reset_parameters(self) -> None:
-        nn.init.ones_(self.weight)
-
 
 def rope_tables(head_dim: int, max_seq_len: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
     """cos/sin of shape (max_seq_len, head_dim) in the HF half-split layout."""

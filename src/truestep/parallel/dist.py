@@ -16,6 +16,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from truestep.config.schema import JobConfig
 from truestep.config.validate import validate_layout
+from truestep.core.env import world_from_env
 
 
 @dataclass
@@ -47,17 +48,14 @@ class DistContext:
     def layout(self) -> dict[str, int | str]:
         return {"world_size": self.world_size, "dp": self.dp, "tp": self.tp, "backend": self.backend}
 
-    def barrier(self) -> None:
-        if self.distributed:
-            dist.barrier()
 
-
-def world_from_env() -> tuple[int, int, int]:
-    """(rank, world_size, local_rank) from torchrun/SLURM-style environment, defaulting to one process."""
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    rank = int(os.environ.get("RANK", "0"))
-    local = int(os.environ.get("LOCAL_RANK", str(rank)))
-    return rank, world, local
+def broadcast_int(value: int, ctx: DistContext) -> int:
+    """Collective: rank 0's integer on every rank (an int64 tensor: never a pickled object)."""
+    if not ctx.distributed:
+        return value
+    t = torch.tensor([value], dtype=torch.int64, device=ctx.device)
+    dist.broadcast(t, src=0)
+    return int(t.item())
 
 
 def pick_device(cfg: JobConfig, local_rank: int) -> torch.device:
@@ -109,15 +107,17 @@ def init_distributed(cfg: JobConfig) -> DistContext:
     )
 
 
-def shutdown(ctx: DistContext, exit_code: int = 0) -> None:
-    """Leave cleanly and exit. Distributed runs barrier and destroy the group first. Then `os._exit`:
-    a normal interpreter exit sometimes aborts in a C++ destructor after training finished ("terminate
-    called without an active exception", seen under gloo and, rarely, single-process with DCP's
-    background threads), turning a finished run into a failed one. Callers close their logs first."""
+def shutdown(ctx: DistContext, exit_code: int = 0, clean: bool = True) -> None:
+    """Leave and exit. A clean distributed exit barriers and destroys the group first; `clean=False`
+    (an error some ranks may not share) skips the barrier, which could wait for a rank that left.
+    Then `os._exit`: a normal interpreter exit sometimes aborts in a C++ destructor after training
+    finished ("terminate called without an active exception", seen under gloo and, rarely,
+    single-process with DCP's background threads), turning a finished run into a failed one. Callers
+    close their logs first."""
     sys.stdout.flush()
     sys.stderr.flush()
     try:
-        if ctx.distributed:
+        if ctx.distributed and clean:
             dist.barrier()
             dist.destroy_process_group()
     finally:

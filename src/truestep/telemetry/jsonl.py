@@ -1,7 +1,8 @@
 """Append-only JSON-lines logs with wall-clock and monotonic timestamps.
 
-Every line is flushed and fsynced-on-close so that a killed process leaves whole lines behind; readers
-(`read_jsonl`) skip only a torn final line and say so.
+Every record is one O_APPEND write of a whole line (never through a symlink: core/fsio.py), flushed as
+it is written, so a killed process leaves whole lines behind and concurrent writers (the supervisor
+and rank 0) never interleave within a line; readers (`read_jsonl`) skip only a torn final line.
 """
 
 from __future__ import annotations
@@ -12,25 +13,27 @@ import time
 from pathlib import Path
 from typing import Any
 
+from truestep.core.fsio import make_dir, open_append
+
 
 class JsonlWriter:
     def __init__(self, path: Path, static: dict[str, Any] | None = None) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        make_dir(path.parent)
         self.path = path
         self.static = dict(static or {})
-        self._file = open(path, "a", encoding="utf-8")  # noqa: SIM115 - kept open for the run
+        self._fd: int | None = open_append(path)
 
     def write(self, record: dict[str, Any]) -> dict[str, Any]:
         line = {"time": time.time(), "mono": time.monotonic(), **self.static, **record}
-        self._file.write(json.dumps(line, separators=(",", ":")) + "\n")
-        self._file.flush()
+        if self._fd is not None:
+            os.write(self._fd, (json.dumps(line, separators=(",", ":")) + "\n").encode())
         return line
 
     def close(self) -> None:
-        if not self._file.closed:
-            self._file.flush()
-            os.fsync(self._file.fileno())
-            self._file.close()
+        if self._fd is not None:
+            os.fsync(self._fd)
+            os.close(self._fd)
+            self._fd = None
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:

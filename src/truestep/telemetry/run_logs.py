@@ -1,6 +1,7 @@
 """The run directory's two machine-readable logs: metrics.jsonl (one line per step) and events.jsonl.
 
-Only the main rank writes them; other ranks get no-op logs, so call sites need no rank checks.
+Only the main rank writes them; other ranks get no-op logs, so call sites need no rank checks. Every
+record carries the job-wide attempt number (the run directory lease's incarnation).
 """
 
 from __future__ import annotations
@@ -8,15 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from truestep.telemetry.jsonl import JsonlWriter, read_jsonl
-
-METRICS_FILE = "metrics.jsonl"
-EVENTS_FILE = "events.jsonl"
-
-
-def next_attempt(run_dir: Path) -> int:
-    """Attempt id = number of earlier `run_start` events in this run directory."""
-    return sum(1 for e in read_jsonl(run_dir / EVENTS_FILE) if e.get("event") == "run_start")
+from truestep.core.names import EVENTS_FILE, METRICS_FILE
+from truestep.telemetry.jsonl import JsonlWriter
 
 
 class RunLogs:

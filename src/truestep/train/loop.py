@@ -2,25 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Protocol
-
+from truestep.core.status import Phase, StopReason
 from truestep.faults.hooks import fault_point
-from truestep.train.trainer import StepResult, Trainer
-
-
-class Hook(Protocol):
-    """One responsibility each; called in list order."""
-
-    def on_start(self, trainer: Trainer) -> None: ...
-
-    def after_step(self, trainer: Trainer, result: StepResult) -> None: ...
-
-    def on_end(self, trainer: Trainer) -> None: ...
+from truestep.train.hooks.base import Hook
+from truestep.train.trainer import Trainer
 
 
 def train_loop(trainer: Trainer, hooks: list[Hook]) -> None:
     for hook in hooks:
         hook.on_start(trainer)
+    trainer.status.step = trainer.state.step
     trainer.log_start()
     max_steps = trainer.cfg.train.max_steps
     stop_at = trainer.cfg.train.stop_at_step
@@ -28,11 +19,12 @@ def train_loop(trainer: Trainer, hooks: list[Hook]) -> None:
         fault_point("train:step", step=trainer.state.step + 1)
         microbatches = trainer.loader.next()
         result = trainer.train_step(microbatches)
-        trainer.phase = "train"  # the first step (slow: warm-up, allocation) counts as start-up
+        trainer.status.step = trainer.state.step
+        trainer.status.phase = Phase.TRAIN  # the first step (slow: warm-up, allocation) counts as start-up
         for hook in hooks:
             hook.after_step(trainer, result)
-        if stop_at and trainer.state.step >= stop_at:
-            trainer.stop_reason = "stop_at_step"
-    trainer.phase = "shutdown"
+        if stop_at and trainer.state.step >= stop_at and trainer.stop_reason is None:
+            trainer.stop_reason = StopReason.STOP_AT_STEP
+    trainer.status.phase = Phase.SHUTDOWN
     for hook in hooks:
         hook.on_end(trainer)

@@ -22,7 +22,7 @@ def lr_at(step: int, cfg: JobConfig) -> float:
         progress = min(1.0, (step - sched.warmup_steps) / span)
         return floor + (peak - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
     # wsd: hold the peak, then decay linearly to the floor over the last decay_steps.
-    decay = sched.decay_steps or max(1, total // 5)
+    decay = sched.decay_steps_for(total)
     decay_start = total - decay
     if step < decay_start:
         return peak

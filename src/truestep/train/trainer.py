@@ -1,30 +1,48 @@
-"""The Trainer: everything one rank holds (model, optimizer, data, state, logs) and the step itself."""
+"""The Trainer: everything one rank holds (model, optimizer, data, counters) and the step itself.
+
+It is also what a checkpoint saves and loads (checkpoint.state.Checkpointable): DCP-able weights and
+optimizer state, and a JSON-safe RankState. Nothing outside reaches into it to set fields.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from torch.distributed.checkpoint.state_dict import (
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
 from torch.distributed.fsdp import FSDPModule
 
 import truestep
+from truestep.checkpoint.resolver import ResumeError
+from truestep.checkpoint.state import RankState, RngPolicy
+from truestep.config.errors import ConfigError
 from truestep.config.fingerprint import fingerprint, trajectory_keys
 from truestep.config.load import to_toml
 from truestep.config.schema import JobConfig
+from truestep.core.fsio import atomic_write
+from truestep.core.names import CONFIG_FILE
+from truestep.core.status import RankStatus, StopReason
 from truestep.data import build_loader
-from truestep.faults.hooks import poison_loss, set_context
+from truestep.faults.hooks import poison_loss
 from truestep.model.llama import Transformer
 from truestep.parallel.dist import DistContext
 from truestep.parallel.grad_norm import clip_grad_norm
 from truestep.parallel.parallelize import parallelize
-from truestep.telemetry.run_logs import RunLogs, next_attempt
+from truestep.telemetry.run_logs import RunLogs
 from truestep.train.optimizer import build_optimizer, set_lr
-from truestep.train.rng import seed_streams
+from truestep.train.rng import capture_rng, restore_rng, seed_streams
 from truestep.train.schedule import lr_at
 
 
@@ -41,6 +59,20 @@ class TrainState:
     attempts: int = 1
     """Attempts that have trained from this trajectory so far, this one included."""
 
+    @classmethod
+    def from_saved(cls, saved: dict[str, Any]) -> TrainState:
+        """The counters of a rank-state file, each checked for its type (the file is untrusted input)."""
+        values = {}
+        for f in dataclasses.fields(cls):
+            value = saved.get(f.name)
+            kinds = (int,) if f.type in (int, "int") else (int, float)
+            if isinstance(value, bool) or not isinstance(value, kinds) or value < 0:
+                raise ResumeError(
+                    f"checkpoint train_state.{f.name} is {value!r}, not a non-negative {f.type}"
+                )
+            values[f.name] = value
+        return cls(**values)
+
 
 @dataclass
 class StepResult:
@@ -52,28 +84,15 @@ class StepResult:
     """True when the NaN guard skipped the update (non-finite loss or grad norm)."""
 
 
-def _broadcast_int(value: int, ctx: DistContext) -> int:
-    if not ctx.distributed:
-        return value
-    t = torch.tensor([value], dtype=torch.int64, device=ctx.device)
-    dist.broadcast(t, src=0)
-    return int(t.item())
-
-
 class Trainer:
-    def __init__(self, cfg: JobConfig, ctx: DistContext) -> None:
+    def __init__(self, cfg: JobConfig, ctx: DistContext, logs: RunLogs, status: RankStatus) -> None:
         self.cfg = cfg
         self.ctx = ctx
+        self.logs = logs
+        self.status = status
         self.run_dir = Path(cfg.run.dir)
-        if ctx.is_main:
-            self.run_dir.mkdir(parents=True, exist_ok=True)
-        set_context(run_dir=self.run_dir)
-        attempt = _broadcast_int(next_attempt(self.run_dir) if ctx.is_main else 0, ctx)
-        self.logs = RunLogs(self.run_dir, attempt, enabled=ctx.is_main)
         self.state = TrainState()
-        self.stop_reason: str | None = None
-        self.phase = "startup"
-        """What the rank is doing, reported by the heartbeat: startup, train, checkpoint, shutdown."""
+        self.stop_reason: StopReason | None = None
         if cfg.train.deterministic:
             # cuBLAS needs a fixed workspace to be deterministic; harmless on CPU.
             os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
@@ -84,24 +103,24 @@ class Trainer:
         self.model = parallelize(model, ctx, cfg)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = build_optimizer(self.model, cfg)
-        micro = cfg.train.micro_batch_size or cfg.train.global_batch_size // ctx.dp
+        micro = cfg.train.micro_batch(ctx.dp)
         self.loader = build_loader(cfg.data, cfg.train.global_batch_size, micro, ctx.dp_rank, ctx.dp)
         if self.loader.dataset.vocab_size > cfg.model.vocab_size:
-            raise ValueError(
+            raise ConfigError(
                 f"data vocabulary ({self.loader.dataset.vocab_size}) exceeds model.vocab_size="
                 f"{cfg.model.vocab_size}; raise model.vocab_size"
             )
         seed_streams(cfg.train.seed, ctx.dp_rank, step=0)
         self.tokens_per_step = cfg.train.global_batch_size * cfg.data.seq_len
+        self.trajectory_keys = trajectory_keys(cfg)
 
     def log_start(self) -> None:
         if self.ctx.is_main:
-            (self.run_dir / "config.toml").write_text(to_toml(self.cfg))
-        keys = trajectory_keys(self.cfg)
+            atomic_write(self.run_dir / CONFIG_FILE, to_toml(self.cfg).encode())
         self.logs.event(
             "run_start",
             name=self.cfg.run.name,
-            config_fingerprint=fingerprint(keys),
+            config_fingerprint=fingerprint(self.trajectory_keys),
             layout=self.ctx.layout(),
             device=str(self.ctx.device),
             num_threads=torch.get_num_threads(),
@@ -111,6 +130,8 @@ class Trainer:
             max_steps=self.cfg.train.max_steps,
             state=asdict(self.state),
         )
+
+    # --- the step ----------------------------------------------------------------------------------
 
     def _sync_grads(self, enabled: bool) -> None:
         # With accumulation, reduce-scatter only on the last micro-batch.
@@ -149,3 +170,32 @@ class Trainer:
         elapsed = time.perf_counter() - start
         self.state.wall_trained_s += elapsed
         return StepResult(float(global_loss.item()), float(grad_norm.item()), lr, elapsed, skip)
+
+    # --- what a checkpoint saves and loads (checkpoint.state.Checkpointable) ------------------------
+
+    def dcp_state_dict(self, with_optimizer: bool) -> dict[str, Any]:
+        state: dict[str, Any] = {"model": get_model_state_dict(self.model)}
+        if with_optimizer:
+            state["optim"] = get_optimizer_state_dict(self.model, self.optimizer)
+        return state
+
+    def load_dcp_state_dict(self, state: dict[str, Any]) -> None:
+        set_model_state_dict(self.model, state["model"])
+        if "optim" in state:
+            set_optimizer_state_dict(self.model, self.optimizer, state["optim"])
+
+    def rank_state(self) -> RankState:
+        return RankState(asdict(self.state), self.loader.state_dict(), capture_rng())
+
+    def load_rank_state(self, state: RankState, *, data_position: bool, rng: RngPolicy) -> None:
+        self.state = TrainState.from_saved(state.train_state)
+        self.state.attempts += 1
+        if data_position:
+            self.loader.load_state_dict(state.data_position)
+        seed = self.cfg.train.seed
+        if rng == RngPolicy.RESTORED:
+            restore_rng(state.rng)
+        elif rng == RngPolicy.REDERIVED:
+            seed_streams(seed, self.ctx.dp_rank, step=self.state.step)
+        else:
+            seed_streams(seed, self.ctx.dp_rank, step=0)

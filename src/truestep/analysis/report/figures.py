@@ -13,11 +13,12 @@ from truestep.analysis.report.blocks import Image
 from truestep.analysis.report.document import ordered_runs
 from truestep.analysis.report.format import finite
 from truestep.analysis.runlog import RunLog
+from truestep.core.names import METRICS_FILE
 
 
 def _run_dir(out: Path, name: str, analysis: dict[str, Any]) -> Path | None:
     for candidate in (out / "runs" / name, Path(analysis.get("path", ""))):
-        if (candidate / "metrics.jsonl").is_file():
+        if (candidate / METRICS_FILE).is_file():
             return candidate
     return None
 

@@ -16,8 +16,8 @@ from truestep.analysis.runlog import RunLog, finite_abs_diff
 
 def _deviations(ref: RunLog, run: RunLog) -> tuple[list[int], list[float], list[float], list[int]]:
     steps, dloss, dgrad, missing = [], [], [], []
-    for step, want in ref.trajectory.items():
-        got = run.trajectory.get(step)
+    for step, want in ref.final_steps.items():
+        got = run.final_steps.get(step)
         if got is None:
             missing.append(step)
             continue
@@ -54,8 +54,8 @@ def plot_deviation(
     if divergent is None:
         diff = [
             s
-            for s in ref.trajectory
-            if s in missing or loss_bits(run.trajectory[s]["loss"]) != loss_bits(ref.trajectory[s]["loss"])
+            for s in ref.final_steps
+            if s in missing or loss_bits(run.final_steps[s]["loss"]) != loss_bits(ref.final_steps[s]["loss"])
         ]
         divergent = min(diff) if diff else None
 

@@ -16,21 +16,21 @@ def plot_loss(ref: RunLog, run: RunLog, path: Path | str, title: str | None = No
     fault steps and resume steps as vertical markers."""
     fig = Figure(figsize=(9, 4.2), layout="constrained")
     ax = fig.add_subplot()
-    ref_steps = list(ref.trajectory)
+    ref_steps = list(ref.final_steps)
     ax.plot(
         ref_steps,
-        [ref.trajectory[s]["loss"] for s in ref_steps],
+        [ref.final_steps[s]["loss"] for s in ref_steps],
         color="#9e9e9e",
         lw=4,
         alpha=0.6,
         label="reference",
         zorder=2,
     )
-    steps = list(run.trajectory)
+    steps = list(run.final_steps)
     few = len(steps) <= 80
     ax.plot(
         steps,
-        [run.trajectory[s]["loss"] for s in steps],
+        [run.final_steps[s]["loss"] for s in steps],
         color="#1565c0",
         lw=1.3,
         ls="--",

@@ -1,0 +1,146 @@
+"""The checkpoint catalog: the one owner of checkpoint names and of what is on disk.
+
+Names (`step_XXXXXXXX/`, `COMMITTED`, `manifest.json`, `rankNNNNN.json`, `quarantine/`, `superseded/`,
+the `latest` hint), listing, "is it committed", "the newest that verifies" and moving a checkpoint aside
+all live here; the resume decision (resolver.py), the saver's retention, `ckpt list|verify|inspect`,
+export, `init_from` and fault injection ask this module instead of globbing for themselves.
+Nothing is ever deleted here: a checkpoint that fails is quarantined, one a user replaced is superseded.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+
+from truestep.core.names import CHECKPOINTS_DIR
+
+MARKER = "COMMITTED"
+"""Commit marker: JSON {step, manifest_sha256, incarnation}; written last, atomically, by rank 0."""
+MANIFEST = "manifest.json"
+"""Every other file of the checkpoint with its size and SHA-256."""
+LATEST = "latest"
+"""A hint naming the newest committed checkpoint; the resolver never trusts it."""
+QUARANTINE = "quarantine"
+"""Where torn or failed-verification checkpoints are moved, never deleted."""
+SUPERSEDED = "superseded"
+"""Where `checkpoint.overwrite=true` moves the checkpoints of an earlier trajectory, never deleted."""
+RANK_STATE = "rank{rank:05d}.json"
+"""Per-rank JSON state: counters, data position, RNG streams, config keys."""
+
+_STEP_DIR = re.compile(r"^step_(\d{8})$")
+_SET_ASIDE = re.compile(r"^step_(\d{8})\.(\d+)\.?(.*)$")
+_RANK_FILE = re.compile(r"^rank(\d{5})\.json$")
+
+
+def step_dir_name(step: int) -> str:
+    return f"step_{step:08d}"
+
+
+def rank_state_name(rank: int) -> str:
+    return RANK_STATE.format(rank=rank)
+
+
+def is_rank_state_name(name: str) -> bool:
+    return _RANK_FILE.match(name) is not None
+
+
+def step_of(path: Path) -> int | None:
+    """The step a live checkpoint directory's name says, else None."""
+    match = _STEP_DIR.match(path.name)
+    return int(match.group(1)) if match else None
+
+
+def set_aside_step(path: Path) -> int | None:
+    """The step of a live, quarantined or superseded checkpoint directory's name, else None."""
+    step = step_of(path)
+    if step is not None:
+        return step
+    match = _SET_ASIDE.match(path.name)
+    return int(match.group(1)) if match else None
+
+
+def set_aside_slug(path: Path) -> str:
+    """The reason slug in a quarantined directory's name ("" if none)."""
+    match = _SET_ASIDE.match(path.name)
+    return match.group(3).replace("-", " ") if match else ""
+
+
+def is_set_aside(path: Path) -> bool:
+    return step_of(path) is None and _SET_ASIDE.match(path.name) is not None
+
+
+def checkpoint_root(path: Path) -> Path:
+    """The checkpoint root for `path`: a run directory (holding checkpoints/) or a root itself."""
+    if (path / CHECKPOINTS_DIR).is_dir() and not step_dirs(path):
+        return path / CHECKPOINTS_DIR
+    return path
+
+
+def _real_dirs(parent: Path) -> list[Path]:
+    """Directories directly under `parent`; symlinks are never followed (a link to / is not a checkpoint)."""
+    if not parent.is_dir() or parent.is_symlink():
+        return []
+    return [p for p in parent.iterdir() if p.is_dir() and not p.is_symlink()]
+
+
+def step_dirs(root: Path) -> list[Path]:
+    """Live checkpoint directories under root, newest step first."""
+    found = [p for p in _real_dirs(root) if step_of(p) is not None]
+    return sorted(found, key=lambda p: step_of(p) or 0, reverse=True)
+
+
+def quarantined_dirs(root: Path) -> list[Path]:
+    """Quarantined checkpoint directories, newest step first."""
+    found = _real_dirs(root / QUARANTINE)
+    return sorted(found, key=lambda p: (-(set_aside_step(p) or -1), p.name))
+
+
+def is_committed(ckpt_dir: Path) -> bool:
+    """The marker is there (whether the checkpoint still verifies is `manifest.verify`'s question)."""
+    marker = ckpt_dir / MARKER
+    return marker.is_file() and not marker.is_symlink()
+
+
+def ever_committed(root: Path) -> bool:
+    """Whether committed work exists on disk: a commit marker in a live or quarantined checkpoint.
+
+    Judged from the markers themselves, not from whether quarantine/ has entries: a directory torn by a
+    crash before its commit has no marker, and losing it loses nothing that was ever promised.
+    """
+    return any(is_committed(d) for d in step_dirs(root) + quarantined_dirs(root))
+
+
+def committed_dirs(root: Path) -> list[Path]:
+    return [d for d in step_dirs(root) if is_committed(d)]
+
+
+def _slug(reason: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", reason.lower()).strip("-")[:48]
+
+
+def _move_aside(ckpt_dir: Path, where: str, reason: str) -> Path:
+    target_root = ckpt_dir.parent / where
+    if target_root.is_symlink() or (target_root.exists() and not target_root.is_dir()):
+        raise NotADirectoryError(f"{target_root} is not a directory; cannot set {ckpt_dir.name} aside")
+    target_root.mkdir(exist_ok=True)
+    target = target_root / f"{ckpt_dir.name}.{int(time.time() * 1000)}.{_slug(reason)}"
+    ckpt_dir.rename(target)
+    return target
+
+
+def quarantine(ckpt_dir: Path, reason: str) -> Path:
+    """Move a torn or corrupt checkpoint to quarantine/ (never deleted); returns where it went."""
+    return _move_aside(ckpt_dir, QUARANTINE, reason)
+
+
+def supersede(ckpt_dir: Path, reason: str) -> Path:
+    """Move a checkpoint of an earlier trajectory to superseded/ (a user's `overwrite`, never deleted)."""
+    return _move_aside(ckpt_dir, SUPERSEDED, reason)
+
+
+def read_latest_hint(root: Path) -> str | None:
+    try:
+        return (root / LATEST).read_text(encoding="utf-8").strip() or None
+    except (OSError, UnicodeDecodeError):
+        return None

@@ -1,0 +1,107 @@
+"""`checkpoint.init_from`: start a fresh run from the weights of a checkpoint (truestep or imported).
+
+Which checkpoint is decided on rank 0 and broadcast (`resolver.find_verified_collective`): every rank
+loads the same directory or every rank refuses, never a mix that would hang the collective load.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import torch.distributed.checkpoint as dcp
+from torch import nn
+from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
+from torch.distributed.tensor import DTensor
+
+from truestep.checkpoint.catalog import step_of
+from truestep.checkpoint.resolver import find_verified, find_verified_collective
+from truestep.checkpoint.safe_dcp import SafeFileSystemReader, SafeLoadPlanner, UnsafeCheckpointError
+from truestep.checkpoint.weights import (
+    WeightsError,
+    load_model_tensors,
+    model_overrides,
+    model_tensor_meta,
+    read_model_config,
+    shape_problems,
+)
+from truestep.config.schema import ModelConfig
+from truestep.parallel.dist import DistContext
+
+# Keys that change the function the weights compute without changing any shape.
+NUMERIC_KEYS = ("norm_eps", "rope_theta", "tie_embeddings", "max_seq_len")
+
+
+def load_init_weights(
+    model: nn.Module, ckpt_dir: str | Path, checksums: bool = True, ctx: DistContext | None = None
+) -> dict[str, Any]:
+    """Copy the model weights of a verified checkpoint into `model`, in place.
+
+    `ckpt_dir` is a `step_XXXXXXXX` directory (it must verify) or a checkpoint root / run directory
+    (the newest step that verifies is used). Only model weights are read: optimizer state, RNG, data
+    position and step counters are not (this is initialization, not resume).
+
+    Two ways to call it:
+    - on the plain, un-sharded model before `parallelize` (ctx None): reads the full weights alone,
+      without collectives;
+    - on a parallelized model with its `ctx`: **collective**, every rank must call it; rank 0 picks the
+      checkpoint, each rank reads only its shards (as resume does).
+
+    Every parameter must be present with the configured (global) shape: a mismatch raises WeightsError
+    naming each key. Differences in shape-preserving keys (rope_theta, norm_eps, ...) between the
+    checkpoint's recorded model config and `model.cfg` do not raise; they are returned in
+    `config_differences` for the caller to report.
+
+    Returns facts for an event: path, step, tensors, sharded, config_differences, checksums.
+    """
+    plain = model.state_dict()
+    sharded = any(isinstance(v, DTensor) for v in plain.values())
+    path = (
+        find_verified_collective(Path(ckpt_dir), checksums, ctx)
+        if ctx
+        else find_verified(Path(ckpt_dir), checksums)
+    )
+    meta = model_tensor_meta(path)
+    saved_cfg = read_model_config(path)
+    problems = shape_problems(meta, {k: tuple(v.shape) for k, v in plain.items()})
+    cfg = getattr(model, "cfg", None)
+    differences = config_differences(saved_cfg, cfg) if isinstance(cfg, ModelConfig) else []
+    if isinstance(cfg, ModelConfig) and saved_cfg.tie_embeddings != cfg.tie_embeddings:
+        problems.append(
+            f"model.tie_embeddings: checkpoint {saved_cfg.tie_embeddings}, configured {cfg.tie_embeddings}"
+        )
+    if problems:
+        raise WeightsError(
+            f"checkpoint.init_from={path} does not fit the configured model: "
+            + "; ".join(problems[:20])
+            + ("; ..." if len(problems) > 20 else "")
+            + ". The checkpoint's model config is: "
+            + " ".join(model_overrides(saved_cfg))
+        )
+    if sharded:
+        state = get_model_state_dict(model)
+        try:
+            dcp.load({"model": state}, storage_reader=SafeFileSystemReader(path), planner=SafeLoadPlanner())
+        except UnsafeCheckpointError as err:
+            raise WeightsError(f"{path}: {err}") from err
+        set_model_state_dict(model, state)
+    else:
+        load_model_tensors(path, into=plain)
+    return {
+        "path": str(path),
+        "step": step_of(path),
+        "tensors": len(plain),
+        "sharded": sharded,
+        "config_differences": differences,
+        "checksums": checksums,
+    }
+
+
+def config_differences(saved: ModelConfig, current: ModelConfig) -> list[str]:
+    out = []
+    for field in dataclasses.fields(ModelConfig):
+        old, new = getattr(saved, field.name), getattr(current, field.name)
+        if field.name in NUMERIC_KEYS and old != new:
+            out.append(f"model.{field.name}: {old!r} (checkpoint) -> {new!r} (configured)")
+    return out

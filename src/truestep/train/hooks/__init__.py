@@ -1,0 +1,22 @@
+"""The training loop's hooks: thin adapters, one mechanism each, between the loop and the rooms below.
+
+The mechanisms live in their rooms and never see a Trainer (checkpoint saving in checkpoint/, signal
+agreement and timeouts in resilience/, logs in telemetry/); a hook hands each one exactly the state it
+needs. Order matters: the checkpoint hook restores first, so the others report the restored state.
+"""
+
+from truestep.train.hooks.base import Hook
+from truestep.train.hooks.checkpointing import CheckpointHook
+from truestep.train.hooks.metrics import MetricsHook
+from truestep.train.hooks.nan_guard import NanGuardHook
+from truestep.train.hooks.preemption import PreemptionHook
+from truestep.train.hooks.timeouts import CollectiveTimeoutHook
+
+__all__ = [
+    "CheckpointHook",
+    "CollectiveTimeoutHook",
+    "Hook",
+    "MetricsHook",
+    "NanGuardHook",
+    "PreemptionHook",
+]

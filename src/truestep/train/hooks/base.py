@@ -1,0 +1,21 @@
+"""The hook interface: three moments of the loop, each a no-op unless a hook overrides it."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from truestep.train.trainer import StepResult, Trainer
+
+
+class Hook:
+    """One responsibility each; called in list order."""
+
+    def on_start(self, trainer: Trainer) -> None:
+        """Before the first step (restore happens here)."""
+
+    def after_step(self, trainer: Trainer, result: StepResult) -> None:
+        """After every optimizer step."""
+
+    def on_end(self, trainer: Trainer) -> None:
+        """After the last step, whatever stopped the loop."""

@@ -1,0 +1,109 @@
+"""Checkpoint policy: where the run starts (resume, init_from or step 0), when to save (interval,
+final, emergency), completing async saves, and rolling back. The mechanism is the checkpoint room's."""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from truestep.checkpoint.catalog import committed_dirs
+from truestep.checkpoint.init_from import load_init_weights
+from truestep.checkpoint.resolver import resolve_rollback, resolve_start
+from truestep.checkpoint.saver import Checkpointer
+from truestep.checkpoint.state import restore
+from truestep.core.names import CHECKPOINTS_DIR
+from truestep.core.status import Phase
+from truestep.faults.hooks import fault_point
+from truestep.faults.hooks import set_context as set_fault_context
+from truestep.telemetry.digest import param_digest
+from truestep.train.hooks.base import Hook
+
+if TYPE_CHECKING:
+    from truestep.train.trainer import StepResult, Trainer
+
+
+@contextmanager
+def _phase(trainer: Trainer, phase: Phase) -> Iterator[None]:
+    """Tell the heartbeat the rank is checkpointing or restoring, so slow I/O is not mistaken for a hang."""
+    previous, trainer.status.phase = trainer.status.phase, phase
+    try:
+        yield
+    finally:
+        trainer.status.phase = previous
+
+
+class CheckpointHook(Hook):
+    def __init__(self, fence: Callable[[], None], incarnation: int) -> None:
+        self.fence = fence
+        self.incarnation = incarnation
+        self.checkpointer: Checkpointer | None = None
+
+    def on_start(self, trainer: Trainer) -> None:
+        cfg = trainer.cfg.checkpoint
+        root = Path(cfg.dir) if cfg.dir else trainer.run_dir / CHECKPOINTS_DIR
+        self.checkpointer = Checkpointer(
+            root, cfg, trainer.ctx, trainer.logs, trainer.trajectory_keys, self.fence, self.incarnation
+        )
+        set_fault_context(newest_committed=lambda: next(iter(committed_dirs(root)), None))
+        with _phase(trainer, Phase.RESTORE):
+            ckpt_dir = resolve_start(root, cfg, trainer.ctx, trainer.logs)
+            if ckpt_dir is not None:
+                self._restore(trainer, ckpt_dir)
+            elif cfg.init_from:
+                # A fresh run starting from given weights (e.g. imported from Hugging Face); collective.
+                facts = load_init_weights(trainer.model, cfg.init_from, cfg.verify_checksums, trainer.ctx)
+                trainer.logs.event("init_from", **facts)
+                if facts["config_differences"] and trainer.ctx.is_main:
+                    print(
+                        "truestep: warning: init_from weights were saved with a different "
+                        + "; ".join(facts["config_differences"]),
+                        file=sys.stderr,
+                        flush=True,
+                    )
+
+    def _restore(self, trainer: Trainer, ckpt_dir: Path) -> None:
+        assert self.checkpointer is not None
+        started = time.perf_counter()
+        fault_point("restore", step=trainer.state.step)
+        facts = restore(
+            trainer, ckpt_dir, trainer.cfg.checkpoint, trainer.ctx, trainer.trajectory_keys, trainer.logs
+        )
+        trainer.status.step = trainer.state.step
+        self.checkpointer.last_saved_step = trainer.state.step
+        trainer.logs.event(
+            "checkpoint_restore", path=str(ckpt_dir), restore_s=time.perf_counter() - started, **facts
+        )
+
+    def rollback(self, trainer: Trainer) -> int:
+        """Collective. Restore the newest verified checkpoint in place; returns its step."""
+        assert self.checkpointer is not None
+        with _phase(trainer, Phase.RESTORE):
+            self.checkpointer.wait()
+            ckpt_dir = resolve_rollback(
+                self.checkpointer.root, trainer.cfg.checkpoint, trainer.ctx, trainer.logs
+            )
+            self._restore(trainer, ckpt_dir)
+        return trainer.state.step
+
+    def _save(self, trainer: Trainer, reason: str) -> None:
+        assert self.checkpointer is not None
+        digest = lambda: param_digest(trainer.model, trainer.ctx)  # noqa: E731 - computed inside save's timing
+        self.checkpointer.save(trainer.state.step, trainer, reason, digest)
+
+    def after_step(self, trainer: Trainer, result: StepResult) -> None:
+        assert self.checkpointer is not None
+        with _phase(trainer, Phase.CHECKPOINT):
+            self.checkpointer.poll()
+            interval = trainer.cfg.checkpoint.interval
+            if interval and trainer.state.step % interval == 0:
+                self._save(trainer, "interval")
+
+    def on_end(self, trainer: Trainer) -> None:
+        assert self.checkpointer is not None
+        with _phase(trainer, Phase.CHECKPOINT):
+            self._save(trainer, str(trainer.stop_reason or "final"))
+            self.checkpointer.wait()

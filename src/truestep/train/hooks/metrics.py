@@ -1,0 +1,64 @@
+"""The logging hook: one metrics.jsonl line per step, console progress, TensorBoard, and run_end with
+the parameter digest."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict
+from typing import TYPE_CHECKING
+
+from truestep.core.names import TENSORBOARD_DIR
+from truestep.core.status import StopReason
+from truestep.telemetry.digest import param_digest
+from truestep.telemetry.progress import Progress
+from truestep.telemetry.tensorboard import TensorBoardWriter
+from truestep.train.hooks.base import Hook
+
+if TYPE_CHECKING:
+    from truestep.train.trainer import StepResult, Trainer
+
+
+class MetricsHook(Hook):
+    def __init__(self) -> None:
+        self.progress: Progress | None = None
+        self.tensorboard: TensorBoardWriter | None = None
+
+    def on_start(self, trainer: Trainer) -> None:
+        m = trainer.cfg.metrics
+        main = trainer.ctx.is_main
+        self.progress = Progress(
+            trainer.cfg.train.max_steps, trainer.state.step, main and m.progress, m.log_every
+        )
+        if main and m.tensorboard:
+            self.tensorboard = TensorBoardWriter(trainer.run_dir / TENSORBOARD_DIR, trainer.state.step)
+
+    def after_step(self, trainer: Trainer, result: StepResult) -> None:
+        state = trainer.state
+        fields = {
+            "step": state.step,
+            "loss": result.loss,
+            "grad_norm": result.grad_norm,
+            "lr": result.lr,
+            "tokens_seen": state.tokens_seen,
+            "step_time": result.step_time,
+        }
+        trainer.logs.metrics(**fields)
+        if self.tensorboard is not None:
+            self.tensorboard.scalars(state.step, fields)
+        assert self.progress is not None
+        self.progress.update(state.step, result.loss, trainer.tokens_per_step / max(result.step_time, 1e-9))
+
+    def on_end(self, trainer: Trainer) -> None:
+        if self.progress is not None:
+            self.progress.close()
+        if self.tensorboard is not None:
+            self.tensorboard.close()
+        digest = param_digest(trainer.model, trainer.ctx)
+        trainer.logs.event(
+            "run_end",
+            step=trainer.state.step,
+            reason=str(trainer.stop_reason or StopReason.COMPLETED),
+            param_digest=digest,
+            state=asdict(trainer.state),
+            end_wall=time.time(),
+        )
