@@ -160,11 +160,11 @@ def test_greedy_generation_is_the_argmax_chain_and_stops_at_eos() -> None:
 
 def test_sampling_is_reproducible_per_seed() -> None:
     model = _model()
-    sample = lambda seed, top_p=1.0: (
-        generate(  # noqa: E731
-            model, [1, 2, 3], Sampling(max_new_tokens=16, temperature=1.5, top_p=top_p, seed=seed)
-        ).new_ids
-    )
+
+    def sample(seed: int, top_p: float = 1.0) -> list[int]:
+        sampling = Sampling(max_new_tokens=16, temperature=1.5, top_p=top_p, seed=seed)
+        return generate(model, [1, 2, 3], sampling).new_ids
+
     assert sample(3) == sample(3)
     assert sample(3) != sample(4)
     # A nucleus so small that only the most likely token survives is greedy decoding.

@@ -30,6 +30,7 @@ from truestep.checkpoint.layout import rank_state_name, step_dir_name, step_dirs
 from truestep.checkpoint.manifest import VerifyError, read_json, verify, write_manifest, write_marker
 from truestep.checkpoint.safe_dcp import SafeFileSystemReader, SafeLoadPlanner, UnsafeCheckpointError
 from truestep.config.schema import ModelConfig
+from truestep.interop.dtypes import cast_for_export, dtype_name
 from truestep.interop.errors import InteropError
 from truestep.interop.names import sort_key
 from truestep.model.llama import Transformer
@@ -217,14 +218,16 @@ def check_config_fits(ckpt_dir: Path, cfg: ModelConfig, meta: dict[str, TensorMe
         )
 
 
-def export_torch(ckpt: Path, file: Path, checksums: bool = True) -> dict[str, Any]:
-    """Consolidate the model weights of a (verified) checkpoint into one fp32 `torch.save` state dict."""
+def export_torch(
+    ckpt: Path, file: Path, checksums: bool = True, dtype: torch.dtype = torch.float32
+) -> dict[str, Any]:
+    """Consolidate the model weights of a (verified) checkpoint into one `torch.save` state dict (`dtype`)."""
     ckpt_dir = verified_checkpoint(ckpt, checksums)
     cfg = read_model_config(ckpt_dir)
     meta = model_tensor_meta(ckpt_dir)
     check_config_fits(ckpt_dir, cfg, meta)
     tensors = load_model_tensors(ckpt_dir, meta=meta)
-    state = {fqn: t.to(torch.float32).contiguous() for fqn, t in tensors.items()}
+    state = {fqn: cast_for_export(t, dtype, fqn) for fqn, t in tensors.items()}
     if cfg.tie_embeddings and "output.weight" in state:
         state["output.weight"] = state["tok_embeddings.weight"]  # tied as in the module's state_dict
     file = Path(file)
@@ -240,6 +243,7 @@ def export_torch(ckpt: Path, file: Path, checksums: bool = True) -> dict[str, An
         "file": str(file),
         "tensors": len(state),
         "bytes": file.stat().st_size,
+        "dtype": dtype_name(dtype),
     }
 
 
@@ -271,12 +275,20 @@ def publish_dir(staging: Path, path: Path) -> None:
 
 
 def write_weights_checkpoint(
-    out: Path, tensors: dict[str, torch.Tensor], cfg: ModelConfig, source: dict[str, Any], step: int = 0
+    out: Path,
+    tensors: dict[str, torch.Tensor],
+    cfg: ModelConfig,
+    source: dict[str, Any],
+    step: int = 0,
+    extra_files: dict[str, bytes] | None = None,
+    extra_info: dict[str, Any] | None = None,
 ) -> Path:
     """Write a weights-only truestep checkpoint (DCP + interop.json + manifest + COMMITTED).
 
     `out` is the `step_XXXXXXXX` directory itself, or a checkpoint root under which
-    `step_XXXXXXXX` (for `step`) is created. Returns the step directory; it verifies.
+    `step_XXXXXXXX` (for `step`) is created. `extra_files` (bare name -> bytes, e.g. a tokenizer) are
+    written beside the weights and covered by the manifest; `extra_info` is merged into interop.json.
+    Returns the step directory; it verifies.
     """
     out = Path(out)
     if step_of(out) is not None:
@@ -296,8 +308,11 @@ def write_weights_checkpoint(
             "source": source,
             "config_keys": {f"{MODEL_PREFIX}{k}": v for k, v in dataclasses.asdict(cfg).items()},
             "model_overrides": model_overrides(cfg),
+            **(extra_info or {}),
         }
         atomic_write(staging / INTEROP_FILE, json.dumps(info, indent=1).encode())
+        for name, data in (extra_files or {}).items():
+            atomic_write(staging / Path(name).name, data)
         manifest = write_manifest(staging, step)
         write_marker(staging, step, manifest)
         publish_dir(staging, step_dir)
