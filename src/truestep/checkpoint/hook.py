@@ -44,9 +44,11 @@ class CheckpointHook:
                 self._restore(trainer, ckpt_dir)
         if ckpt_dir is None and cfg.init_from:
             # A fresh run starting from given weights (e.g. imported from Hugging Face); collective.
-            from truestep.interop import load_init_weights
+            from truestep.interop.init import init_from_checkpoint
 
-            facts = load_init_weights(trainer.model, cfg.init_from, checksums=cfg.verify_checksums)
+            facts = init_from_checkpoint(
+                trainer.model, cfg.init_from, cfg.verify_checksums, trainer.ctx.is_main
+            )
             trainer.logs.event("init_from", **facts)
 
     def _restore(self, trainer: Trainer, ckpt_dir: Path) -> None:

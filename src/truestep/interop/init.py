@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,7 @@ from torch.distributed.tensor import DTensor
 
 from truestep.checkpoint.layout import step_of
 from truestep.checkpoint.safe_dcp import SafeFileSystemReader, SafeLoadPlanner, UnsafeCheckpointError
+from truestep.config.load import ConfigError
 from truestep.config.schema import ModelConfig
 from truestep.interop.ckpt import (
     load_model_tensors,
@@ -24,8 +26,15 @@ from truestep.interop.ckpt import (
 )
 from truestep.interop.errors import InteropError
 
-# Keys that change the function the weights compute without changing any shape.
-_NUMERIC_KEYS = ("norm_eps", "rope_theta", "tie_embeddings", "max_seq_len")
+# Keys that change the function the weights compute (or how far it reaches) without changing any shape.
+_NUMERIC_KEYS = ("norm_eps", "rope_theta", "tie_embeddings", "max_seq_len", "rope_scaling")
+# The llama3 scaling parameters, compared only when either side uses llama3 scaling.
+_SCALING_KEYS = (
+    "rope_scaling_factor",
+    "rope_low_freq_factor",
+    "rope_high_freq_factor",
+    "rope_original_max_seq_len",
+)
 
 
 def load_init_weights(model: nn.Module, ckpt_dir: str | Path, checksums: bool = True) -> dict[str, Any]:
@@ -61,11 +70,12 @@ def load_init_weights(model: nn.Module, ckpt_dir: str | Path, checksums: bool = 
             f"model.tie_embeddings: checkpoint {saved_cfg.tie_embeddings}, configured {cfg.tie_embeddings}"
         )
     if problems:
+        more = f"; ... ({len(problems) - 8} more)" if len(problems) > 8 else ""
         raise InteropError(
-            f"checkpoint.init_from={path} does not fit the configured model:\n  "
-            + "\n  ".join(problems[:20])
-            + ("\n  ..." if len(problems) > 20 else "")
-            + "\nThe checkpoint's model config is: "
+            f"checkpoint.init_from={path} does not fit the configured model: "
+            + "; ".join(problems[:8])
+            + more
+            + ". The checkpoint's model config is: "
             + " ".join(model_overrides(saved_cfg))
         )
     if sharded:
@@ -88,9 +98,33 @@ def load_init_weights(model: nn.Module, ckpt_dir: str | Path, checksums: bool = 
 
 
 def _config_differences(saved: ModelConfig, current: ModelConfig) -> list[str]:
+    scaled = "llama3" in (saved.rope_scaling, current.rope_scaling)
+    keys = _NUMERIC_KEYS + (_SCALING_KEYS if scaled else ())
     out = []
     for field in dataclasses.fields(ModelConfig):
         old, new = getattr(saved, field.name), getattr(current, field.name)
-        if field.name in _NUMERIC_KEYS and old != new:
+        if field.name in keys and old != new:
             out.append(f"model.{field.name}: {old!r} (checkpoint) -> {new!r} (configured)")
     return out
+
+
+def init_from_checkpoint(model: nn.Module, ckpt_dir: str, checksums: bool, is_main: bool) -> dict[str, Any]:
+    """The trainer's `checkpoint.init_from`: `load_init_weights`, with a refusal as a one-line ConfigError
+    (exit 2 from the CLI, no traceback), and a console warning on rank 0 when the configured model computes
+    with other RoPE/norm settings than the checkpoint was trained with (a wrong RoPE base trains fine and
+    silently worse)."""
+    try:
+        facts = load_init_weights(model, ckpt_dir, checksums)
+    except InteropError as err:
+        lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+        message = "; ".join(lines)
+        prefix = "" if message.startswith("checkpoint.init_from") else f"checkpoint.init_from={ckpt_dir}: "
+        raise ConfigError(prefix + message) from err
+    if facts["config_differences"] and is_main:
+        print(
+            f"truestep train: warning: checkpoint.init_from={facts['path']}: the configured model differs from "
+            "the one the weights were trained with: " + "; ".join(facts["config_differences"]),
+            file=sys.stderr,
+            flush=True,
+        )
+    return facts
