@@ -187,6 +187,15 @@ def test_preset_parameter_counts_match_transformers(preset: str) -> None:
         assert exported[key] == value, key
     assert exported["rope_parameters"] == rope
     assert exported["max_position_embeddings"] == 131072
+    # The real model's config.json imports to a config that init_from accepts into the preset silently.
+    from truestep.interop.hf_config import model_config_from_hf
+    from truestep.interop.init import _config_differences
+    from truestep.model.llama import ffn_hidden_dim
+
+    imported = model_config_from_hf({**config.to_dict(), "architectures": ["LlamaForCausalLM"]})
+    assert ffn_hidden_dim(imported) == ffn_hidden_dim(cfg) == source["intermediate_size"]
+    assert _config_differences(imported, cfg) == []
+    assert count_parameters(imported) == expected
 
 
 # ----------------------------------------------------------------------------------------------
