@@ -18,9 +18,9 @@ commands:
   fidelity RUN --reference REF [--floor REF2]  trajectory fidelity of a run
   goodput RUN [--reference REF]              correct goodput, badput, MTTR of a run
   report DIR                                 report.md + report.html for an experiment directory
-  export CKPT --to hf|torch DEST             consolidate a checkpoint for Hugging Face / plain torch
+  export CKPT --to hf|torch DEST [--dtype bf16]  consolidate a checkpoint for Hugging Face / plain torch
   import-hf HF_DIR --out CKPT_DIR            HF Llama -> truestep checkpoint (--checkpoint.init_from)
-  import-torchtitan DCP_DIR --out CKPT_DIR [CONFIG] [--model.key=value ...]
+  import-torchtitan DCP_DIR --out CKPT_DIR CONFIG [--model.key=value ...]
                                              torchtitan llama3 DCP -> truestep checkpoint (q/k permuted)
   generate CKPT --prompt TEXT [--max-new-tokens N --temperature T --top-p P --seed S]
                                              continue a prompt with a checkpoint's model (KV cache, CPU)

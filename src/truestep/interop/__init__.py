@@ -1,5 +1,6 @@
-"""Interop: truestep checkpoints <-> Hugging Face Llama directories and plain torch state dicts, and
-`checkpoint.init_from` (see docs/interop.md)."""
+"""Interop: truestep checkpoints <-> Hugging Face Llama directories and plain torch state dicts,
+torchtitan llama3 checkpoints -> truestep, `checkpoint.init_from`, and loading a checkpoint to generate
+from (see docs/interop.md)."""
 
 from truestep.interop.ckpt import (
     INTEROP_FILE,
@@ -13,6 +14,7 @@ from truestep.interop.errors import InteropError
 from truestep.interop.hf import export_hf, hf_config, import_hf, model_config_from_hf, parse_size
 from truestep.interop.init import load_init_weights
 from truestep.interop.names import from_hf, to_hf
+from truestep.interop.torchtitan import import_torchtitan
 
 __all__ = [
     "INTEROP_FILE",
@@ -22,6 +24,7 @@ __all__ = [
     "from_hf",
     "hf_config",
     "import_hf",
+    "import_torchtitan",
     "load_init_weights",
     "load_model_tensors",
     "model_config_from_hf",
