@@ -9,6 +9,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import shutil
@@ -82,6 +84,25 @@ def test_prepare_data_bundles_the_tokenizer(hf_data: Path, tmp_path: Path) -> No
     moved = Path(shutil.copytree(hf_data, tmp_path / "moved"))
     tok = data_tokenizer(moved, read_meta(moved)).load()
     assert tok.encode("the cat") == [4, 5] and tok.eos_id == 2
+
+
+def test_prepare_data_again_with_its_own_tokenizer_copy(hf_data: Path, tmp_path: Path) -> None:
+    """The copy inside a data directory can tokenize new text into that same directory; a directory that
+    holds only somebody's tokenizer is not a data directory and is left alone."""
+    data = Path(shutil.copytree(hf_data, tmp_path / "data"))
+    texts = write_corpus(tmp_path / "more", documents=2)
+    args = [*map(str, texts), "--out", str(data), "--tokenizer", str(data / "tokenizer.json")]
+    assert prepare_data_main(args) == 0
+    assert read_meta(data)["documents"] == 2
+    assert (data / "tokenizer.json").read_bytes() == (hf_data / "tokenizer.json").read_bytes()
+    mine = tmp_path / "mine"
+    write_tiny_tokenizer(mine)
+    before = (mine / "tokenizer.json").read_bytes()
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        assert prepare_data_main([*map(str, texts), "--out", str(mine), "--tokenizer", "byte"]) == 2
+    assert "not a truestep data directory" in err.getvalue()
+    assert (mine / "tokenizer.json").read_bytes() == before
 
 
 @pytest.mark.parametrize(

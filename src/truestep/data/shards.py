@@ -12,7 +12,12 @@ from truestep.data.atomic import atomic_save_npy, atomic_write_bytes, is_temp_na
 from truestep.data.errors import DataError
 from truestep.data.meta import FORMAT, META_NAME, SHARD_RE, VERSION, dtype_for_vocab, shard_name
 from truestep.data.tokenizer import ByteTokenizer, Tokenizer, load_tokenizer
-from truestep.data.tokenizer_files import TOKENIZER_FILES, TOKENIZER_JSON, copy_tokenizer_files
+from truestep.data.tokenizer_files import (
+    TOKENIZER_FILES,
+    TOKENIZER_JSON,
+    read_tokenizer_files,
+    write_tokenizer_files,
+)
 
 DEFAULT_SHARD_TOKENS = 16_777_216  # 32 MiB per shard at uint16: few files, cheap to hash and mmap
 
@@ -22,6 +27,11 @@ def _is_ours(name: str) -> bool:
     return (
         name == META_NAME or name in TOKENIZER_FILES or bool(SHARD_RE.fullmatch(name)) or is_temp_name(name)
     )
+
+
+def _is_data(name: str) -> bool:
+    """Names only prepare_data writes: a directory holding nothing but tokenizer files is somebody's."""
+    return _is_ours(name) and name not in TOKENIZER_FILES
 
 
 def _has_truestep_meta(out_dir: Path) -> bool:
@@ -38,7 +48,11 @@ def is_replaceable_dir(path: Path) -> bool:
     A directory whose every entry is ours is an interrupted earlier run and is safe to redo.
     """
     names = [p.name for p in path.iterdir()]
-    return not names or _has_truestep_meta(path) or all(_is_ours(n) for n in names)
+    return (
+        not names
+        or _has_truestep_meta(path)
+        or (all(_is_ours(n) for n in names) and any(_is_data(n) for n in names))
+    )
 
 
 def _claim_out_dir(out_dir: Path) -> None:
@@ -149,6 +163,9 @@ def prepare_data(
         raise DataError(f"shard_tokens must be positive, got {shard_tokens}")
     paths = _check_inputs(text_files)
     tok = load_tokenizer(tokenizer_spec, eos_token=eos_token)
+    is_byte = isinstance(tok, ByteTokenizer)
+    # Read now: claiming out_dir below clears a previous copy, which may be the tokenizer given here.
+    tokenizer_bytes = {} if is_byte else read_tokenizer_files(Path(tokenizer_spec))
     dtype = dtype_for_vocab(tok.vocab_size)
     out_dir = Path(out_dir)
     _claim_out_dir(out_dir)
@@ -159,8 +176,7 @@ def prepare_data(
             writer.add(encode_document(tok, _read_text(path)))
         writer.flush()
         # The tokenizer is copied in and named relative to out_dir, so it travels with the data.
-        is_byte = isinstance(tok, ByteTokenizer)
-        tokenizer_files = [] if is_byte else copy_tokenizer_files(Path(tokenizer_spec), out_dir)
+        tokenizer_files = write_tokenizer_files(tokenizer_bytes, out_dir)
         meta = {
             "format": FORMAT,
             "version": VERSION,

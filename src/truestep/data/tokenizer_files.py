@@ -43,22 +43,32 @@ class DataTokenizer:
         return HFTokenizer(self.files[0], eos_token=eos_token)
 
 
-def copy_tokenizer_files(tokenizer_json: Path, out_dir: Path) -> list[str]:
-    """Copy `tokenizer_json` and its companion config files into `out_dir`; return the names written."""
-    written = []
+def read_tokenizer_files(tokenizer_json: Path) -> dict[str, bytes]:
+    """`tokenizer_json` and the companion config files beside it, as {name in the data directory: bytes}.
+
+    Read before the output directory is claimed: the source may be the copy inside a data directory
+    that is being prepared again.
+    """
+    found = {}
     for name in TOKENIZER_FILES:
         source = tokenizer_json if name == TOKENIZER_JSON else tokenizer_json.parent / name
         if name != TOKENIZER_JSON and not source.is_file():
             continue
         try:
-            data = source.read_bytes()
+            found[name] = source.read_bytes()
         except OSError as e:
             raise DataError(f"cannot read tokenizer file {source}: {e}") from e
-        # Written through a temp file and a rename: a symlink planted at the destination is replaced,
-        # never followed.
+    return found
+
+
+def write_tokenizer_files(files: dict[str, bytes], out_dir: Path) -> list[str]:
+    """Write the files of `read_tokenizer_files` into `out_dir`; return their names (tokenizer.json first).
+
+    Through a temp file and a rename: a symlink planted at the destination is replaced, never followed.
+    """
+    for name, data in files.items():
         atomic_write_bytes(out_dir / name, data)
-        written.append(name)
-    return written
+    return list(files)
 
 
 def _optional_id(meta: dict[str, Any], key: str, vocab_size: int, where: Path) -> int | None:
