@@ -110,6 +110,27 @@ def test_imported_llama3_logits_match_transformers_beyond_the_original_context(i
     assert (unscaled[:, 40:] - theirs[:, 40:]).abs().max() > 1e-2
 
 
+def test_transformers_4_spelling_imports_the_same(imported, tmp_path: Path) -> None:
+    """transformers 4.x writes rope_theta beside a rope_scaling table instead of rope_parameters."""
+    style, hf_dir, step_dir, _ = imported
+    legacy = tmp_path / "hf4"
+    legacy.mkdir()
+    (legacy / "model.safetensors").write_bytes((hf_dir / "model.safetensors").read_bytes())
+    config = json.loads((hf_dir / "config.json").read_text())
+    rope = config.pop("rope_parameters")
+    config["rope_theta"] = rope.pop("rope_theta")
+    config["rope_scaling"] = rope
+    (legacy / "config.json").write_text(json.dumps(config))
+    rc, _, err = cli("import-hf", legacy, "--out", tmp_path / "ckpt")
+    assert rc == 0, err
+    assert read_model_config(tmp_path / "ckpt" / step_dir_name(0)) == read_model_config(step_dir)
+    # Both spellings at once must agree.
+    config["rope_parameters"] = {**rope, "rope_theta": config["rope_theta"], "factor": 2.0}
+    (legacy / "config.json").write_text(json.dumps(config))
+    rc, _, err = cli("import-hf", legacy, "--out", tmp_path / "other")
+    assert rc == 1 and "rope_scaling and rope_parameters describe different RoPE scalings" in err
+
+
 def test_llama3_export_round_trip(imported, tmp_path: Path) -> None:
     style, hf_dir, step_dir, hf_model = imported
     out = tmp_path / "again"
