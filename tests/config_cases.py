@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-PRESETS = ["tiny", "small", "llama3-8b", "13b", "70b"]
+PRESETS = ["tiny", "small", "llama3-8b", "13b", "70b", "llama3.2-1b", "llama3.1-8b"]
 
 
 def _write(tmp_path: Path, text: str, name: str = "job.toml") -> str:

@@ -22,6 +22,7 @@ LAYOUTS = {
     "fsdp2": (2, []),
     "tp2": (2, ["--parallel.tp=2"]),
     "tied-fsdp2": (2, ["--model.tie_embeddings=true"]),
+    "tied-tp2": (2, ["--model.tie_embeddings=true", "--parallel.tp=2"]),
 }
 
 needs_safetensors = pytest.mark.skipif(

@@ -112,7 +112,9 @@ def test_a_rank_stopped_while_restoring_is_detected(supervised_reference: Path, 
     assert finish(proc) == 0, finish.last_output  # type: ignore[attr-defined]
     failures = supervisor_events(tmp_path, "failure_detected")
     assert [(f["attempt"], f["kind"]) for f in failures] == [(0, "process_exit"), (1, "stale_heartbeat")]
-    assert "phase restore" in failures[1]["detail"]
+    hung = [e for e in events(tmp_path, "fault_injected") if e["kind"] == "hang"]
+    assert [(e["point"], e["attempt"]) for e in hung] == [("restore", 1)]
+    assert failures[1]["detected_at"] - hung[0]["time"] < 3.0 + SLACK  # liveness_timeout_s + slack
     assert_matches_reference(tmp_path, supervised_reference)
 
 

@@ -197,6 +197,14 @@ def test_diff_keys_names_the_changed_key():
     assert diff_keys({"a.b": 1}, {}) == ["a.b: 1 -> '<absent>'"]
 
 
+def test_diff_keys_reads_a_key_the_checkpoint_predates_as_its_default():
+    current = trajectory_keys(load_config("tiny"))
+    saved = {k: v for k, v in current.items() if k != "model.head_dim"}  # saved before head_dim existed
+    assert diff_keys(saved, current) == []
+    changed = trajectory_keys(load_config("tiny", ["--model.head_dim=16"]))
+    assert diff_keys(saved, changed) == ["model.head_dim: 0 -> 16"]
+
+
 def test_trajectory_keys_sections():
     keys = trajectory_keys(JobConfig())
     assert "model.dim" in keys and "data.data_seed" in keys and "train.seed" in keys

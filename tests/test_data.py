@@ -104,7 +104,8 @@ def test_hf_tokenizer_through_prepare_data(tmp_path: Path) -> None:
     meta = read_meta(out)
     assert meta["eos_id"] == eos
     assert meta["vocab_size"] == ref.get_vocab_size()
-    assert meta["tokenizer"] == str(tok_path)
+    assert meta["tokenizer"] == "tokenizer.json"  # the copy inside the data directory
+    assert (out / "tokenizer.json").read_bytes() == tok_path.read_bytes()
     expected = []
     for d in docs:
         expected += ref.encode(d, add_special_tokens=False).ids + [eos]

@@ -50,7 +50,14 @@ def test_export_hf_matches_transformers_logits(layout: str, runs, tmp_path: Path
     out = tmp_path / "hf"
     rc, stdout, err = cli("export", ckpt_dir, "--to", "hf", out)
     assert rc == 0, err
-    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]
+    assert sorted(p.name for p in out.iterdir()) == [
+        "TOKENIZER.md",  # the demo corpus is byte-tokenized: the note says so
+        "config.json",
+        "generation_config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    ]
 
     cfg = read_model_config(ckpt_dir)
     config = json.loads((out / "config.json").read_text())

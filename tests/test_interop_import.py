@@ -151,17 +151,19 @@ _DROP = object()
             "unsupported architecture GPT2LMHeadModel",
         ),
         ({"architectures": ["MistralForCausalLM"], "model_type": "mistral"}, "only LlamaForCausalLM"),
-        (
+        (  # llama3 scaling is supported, but only with all four of its parameters
             {"rope_scaling": {"rope_type": "llama3", "factor": 8.0}, "rope_parameters": _DROP},
-            "rope_scaling is set ('llama3')",
+            "llama3 RoPE scaling needs numeric low_freq_factor, high_freq_factor",
         ),
         (
             {"rope_parameters": {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0}},
-            "rope_type='yarn' (RoPE scaling) is not supported",
+            "rope_type='yarn' is not supported",
         ),
         ({"attention_bias": True}, "biases are not supported"),
         ({"mlp_bias": True}, "biases are not supported"),
-        ({"head_dim": 32}, "head_dim=32 != hidden_size/num_attention_heads=16"),
+        # A decoupled head_dim is supported: this one does not fit the stored q_proj.
+        ({"head_dim": 32}, "q_proj.weight: safetensors has [64, 64], config.json implies [128, 64]"),
+        ({"head_dim": 15}, "head size 15 is odd"),
         ({"hidden_act": "gelu"}, "hidden_act='gelu' is not supported"),
         ({"num_key_value_heads": 3}, "not a multiple of num_key_value_heads=3"),
         (

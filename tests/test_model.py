@@ -15,11 +15,10 @@ from truestep.model.llama import (
     Attention,
     RMSNorm,
     Transformer,
-    apply_rope,
     count_parameters,
     ffn_hidden_dim,
-    rope_tables,
 )
+from truestep.model.rope import apply_rope, rope_tables
 
 
 def _model_cfg(name: str = "tiny", **changes) -> ModelConfig:

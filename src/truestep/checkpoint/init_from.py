@@ -16,7 +16,7 @@ from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_mo
 from torch.distributed.tensor import DTensor
 
 from truestep.checkpoint.catalog import step_of
-from truestep.checkpoint.resolver import find_verified, find_verified_collective
+from truestep.checkpoint.resolver import CheckpointNotFound, find_verified, find_verified_collective
 from truestep.checkpoint.safe_dcp import SafeFileSystemReader, SafeLoadPlanner, UnsafeCheckpointError
 from truestep.checkpoint.weights import (
     WeightsError,
@@ -29,8 +29,15 @@ from truestep.checkpoint.weights import (
 from truestep.config.schema import ModelConfig
 from truestep.parallel.dist import DistContext
 
-# Keys that change the function the weights compute without changing any shape.
-NUMERIC_KEYS = ("norm_eps", "rope_theta", "tie_embeddings", "max_seq_len")
+# Keys that change the function the weights compute (or how far it reaches) without changing any shape.
+NUMERIC_KEYS = ("norm_eps", "rope_theta", "tie_embeddings", "max_seq_len", "rope_scaling")
+# The llama3 scaling parameters, compared only when either side uses llama3 scaling.
+SCALING_KEYS = (
+    "rope_scaling_factor",
+    "rope_low_freq_factor",
+    "rope_high_freq_factor",
+    "rope_original_max_seq_len",
+)
 
 
 def load_init_weights(
@@ -57,11 +64,13 @@ def load_init_weights(
     """
     plain = model.state_dict()
     sharded = any(isinstance(v, DTensor) for v in plain.values())
-    path = (
-        find_verified_collective(Path(ckpt_dir), checksums, ctx)
-        if ctx
-        else find_verified(Path(ckpt_dir), checksums)
-    )
+    try:
+        if ctx is not None:
+            path = find_verified_collective(Path(ckpt_dir), checksums, ctx)
+        else:
+            path = find_verified(Path(ckpt_dir), checksums)
+    except CheckpointNotFound as err:
+        raise CheckpointNotFound(f"checkpoint.init_from={ckpt_dir}: {err}") from None
     meta = model_tensor_meta(path)
     saved_cfg = read_model_config(path)
     problems = shape_problems(meta, {k: tuple(v.shape) for k, v in plain.items()})
@@ -72,10 +81,11 @@ def load_init_weights(
             f"model.tie_embeddings: checkpoint {saved_cfg.tie_embeddings}, configured {cfg.tie_embeddings}"
         )
     if problems:
+        more = f"; ... ({len(problems) - 8} more)" if len(problems) > 8 else ""
         raise WeightsError(
             f"checkpoint.init_from={path} does not fit the configured model: "
-            + "; ".join(problems[:20])
-            + ("; ..." if len(problems) > 20 else "")
+            + "; ".join(problems[:8])
+            + more
             + ". The checkpoint's model config is: "
             + " ".join(model_overrides(saved_cfg))
         )
@@ -99,9 +109,11 @@ def load_init_weights(
 
 
 def config_differences(saved: ModelConfig, current: ModelConfig) -> list[str]:
+    scaled = "llama3" in (saved.rope_scaling, current.rope_scaling)
+    keys = NUMERIC_KEYS + (SCALING_KEYS if scaled else ())
     out = []
     for field in dataclasses.fields(ModelConfig):
         old, new = getattr(saved, field.name), getattr(current, field.name)
-        if field.name in NUMERIC_KEYS and old != new:
+        if field.name in keys and old != new:
             out.append(f"model.{field.name}: {old!r} (checkpoint) -> {new!r} (configured)")
     return out

@@ -21,12 +21,20 @@ from truestep.core.fsio import atomic_write, new_staging_dir, publish_dir
 
 
 def write_weights_checkpoint(
-    out: Path, tensors: dict[str, torch.Tensor], cfg: ModelConfig, source: dict[str, Any], step: int = 0
+    out: Path,
+    tensors: dict[str, torch.Tensor],
+    cfg: ModelConfig,
+    source: dict[str, Any],
+    step: int = 0,
+    extra_files: dict[str, bytes] | None = None,
+    extra_info: dict[str, Any] | None = None,
 ) -> Path:
     """Write a weights-only truestep checkpoint (DCP + interop.json + manifest + COMMITTED).
 
     `out` is the `step_XXXXXXXX` directory itself, or a checkpoint root under which
-    `step_XXXXXXXX` (for `step`) is created. Returns the step directory; it verifies.
+    `step_XXXXXXXX` (for `step`) is created. `extra_files` (bare name -> bytes, e.g. a tokenizer) are
+    written beside the weights and covered by the manifest; `extra_info` is merged into interop.json.
+    Returns the step directory; it verifies.
     """
     out = Path(out)
     if step_of(out) is not None:
@@ -38,8 +46,10 @@ def write_weights_checkpoint(
         with single_process():
             writer = FileSystemWriter(staging, sync_files=True)
             dcp.save({"model": tensors}, storage_writer=writer, no_dist=True)
-        info = weights_info(cfg, source)
+        info = {**weights_info(cfg, source), **(extra_info or {})}
         atomic_write(staging / WEIGHTS_INFO_FILE, json.dumps(info, indent=1).encode())
+        for name, data in (extra_files or {}).items():
+            atomic_write(staging / Path(name).name, data)
         manifest = write_manifest(staging, step)
         write_marker(staging, step, manifest)
         publish_dir(staging, step_dir)

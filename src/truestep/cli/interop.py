@@ -11,10 +11,13 @@ import sys
 from pathlib import Path
 
 from truestep.core.errors import TruestepError
+from truestep.interop.dtypes import EXPORT_DTYPES
+from truestep.interop.errors import InteropError
 
 USAGE = """usage:
-  truestep export CKPT --to hf OUT_DIR [--max-shard-size 5GB] [--no-checksums]
-  truestep export CKPT --to torch FILE [--no-checksums]
+  truestep export CKPT --to hf OUT_DIR [--dtype fp32|bf16|fp16] [--max-shard-size 5GB]
+                  [--data DIR | --no-tokenizer] [--no-checksums]
+  truestep export CKPT --to torch FILE [--dtype fp32|bf16|fp16] [--no-checksums]
   truestep import-hf HF_DIR --out CKPT_DIR
 """
 
@@ -23,7 +26,8 @@ def _export_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="truestep export",
         description="Consolidate the model weights of a verified checkpoint (any layout) into a Hugging Face "
-        "Llama directory (config.json + safetensors) or a single torch.save state dict (fp32).",
+        "Llama directory (config.json, safetensors, tokenizer, generation_config.json) or a single "
+        "torch.save state dict.",
     )
     parser.add_argument(
         "ckpt",
@@ -36,6 +40,24 @@ def _export_parser() -> argparse.ArgumentParser:
         "--max-shard-size",
         default="5GB",
         help="hf: split the safetensors into shards of at most this size (5GB, 500MB, 2GiB; default 5GB)",
+    )
+    parser.add_argument(
+        "--dtype",
+        default="fp32",
+        choices=tuple(EXPORT_DTYPES),
+        help="dtype of the written weights (default fp32, truestep's master weights; bf16 halves the size)",
+    )
+    tokenizer = parser.add_mutually_exclusive_group()
+    tokenizer.add_argument(
+        "--data",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="hf: the data directory whose tokenizer to export (default: the run's data.path, or the "
+        "tokenizer an imported checkpoint carries)",
+    )
+    tokenizer.add_argument(
+        "--no-tokenizer", action="store_true", help="hf: export the weights without tokenizer files or ids"
     )
     parser.add_argument("--no-checksums", action="store_true", help="verify sizes only, not SHA-256")
     return parser
@@ -63,15 +85,30 @@ def _export(argv: list[str]) -> int:
 
     args = _export_parser().parse_args(argv)
     checksums = not args.no_checksums
+    dtype = EXPORT_DTYPES[args.dtype]
     if args.to == "hf":
-        info = export_hf(args.ckpt, args.dest, args.max_shard_size, checksums=checksums)
+        info = export_hf(
+            args.ckpt,
+            args.dest,
+            args.max_shard_size,
+            checksums=checksums,
+            dtype=dtype,
+            data_dir=args.data,
+            with_tokenizer=not args.no_tokenizer,
+        )
         print(
             f"exported {info['checkpoint']} -> {info['out']}: {info['tensors']} tensors, "
-            f"{info['bytes']} bytes in {len(info['files'])} file(s) (fp32)"
+            f"{info['bytes']} bytes in {len(info['files'])} file(s) ({info['dtype']})"
         )
+        if info["tokenizer"] is None:
+            print("no tokenizer exported (--no-tokenizer): bos/eos/pad_token_id are null in config.json")
+        else:
+            print(f"tokenizer from {info['tokenizer']}: {', '.join(info['tokenizer_files']) or 'ids only'}")
     else:
-        info = export_torch(args.ckpt, args.dest, checksums=checksums)
-        print(f"exported {info['checkpoint']} -> {info['file']}: {info['tensors']} tensors (fp32)")
+        if args.data is not None or args.no_tokenizer:
+            raise InteropError("--data and --no-tokenizer apply to --to hf only (a torch file holds weights)")
+        info = export_torch(args.ckpt, args.dest, checksums=checksums, dtype=dtype)
+        print(f"exported {info['checkpoint']} -> {info['file']}: {info['tensors']} tensors ({info['dtype']})")
     return 0
 
 
@@ -82,6 +119,8 @@ def _import(argv: list[str]) -> int:
     info = import_hf(args.hf_dir, args.out)
     print(f"imported {info['hf_dir']} -> {info['checkpoint']}: {describe_model(info['model'])}")
     print(f"source dtypes: {', '.join(info['source_dtypes'])} (stored as float32)")
+    ids = ", ".join(f"{key}={value}" for key, value in info["special_tokens"].items())
+    print(f"tokenizer: {', '.join(info['tokenizer_files']) or 'none in the source directory'}; {ids}")
     print("start a run from it with these model settings:")
     print(f"  --checkpoint.init_from={args.out} " + " ".join(info["model_overrides"]))
     return 0

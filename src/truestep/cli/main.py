@@ -21,8 +21,12 @@ commands:
   fidelity RUN --reference REF [--floor REF2]  trajectory fidelity of a run
   goodput RUN [--reference REF]              correct goodput, badput, MTTR of a run
   report DIR                                 report.md + report.html for an experiment directory
-  export CKPT --to hf|torch DEST             consolidate a checkpoint for Hugging Face / plain torch
+  export CKPT --to hf|torch DEST [--dtype bf16]  consolidate a checkpoint for Hugging Face / plain torch
   import-hf HF_DIR --out CKPT_DIR            HF Llama -> truestep checkpoint (--checkpoint.init_from)
+  import-torchtitan DCP_DIR --out CKPT_DIR CONFIG [--model.key=value ...]
+                                             torchtitan llama3 DCP -> truestep checkpoint (q/k permuted)
+  generate CKPT --prompt TEXT [--max-new-tokens N --temperature T --top-p P --seed S]
+                                             continue a prompt with a checkpoint's model (KV cache, CPU)
   ckpt list|verify|inspect PATH              look at checkpoints (never unpickles)
   prepare-data FILES... --out DIR            tokenize text files into token shards
   config [CONFIG] [--section.key=value ...]  print the resolved config as TOML
@@ -65,6 +69,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "ckpt": ("truestep.cli.ckpt", "ckpt_main"),
     "export": ("truestep.cli.interop", "export_main"),
     "import-hf": ("truestep.cli.interop", "import_hf_main"),
+    "import-torchtitan": ("truestep.cli.torchtitan", "import_torchtitan_main"),
+    "generate": ("truestep.cli.generate", "generate_main"),
     "prepare-data": ("truestep.cli.prepare_data", "prepare_data_main"),
     "config": ("truestep.cli.main", "_config_main"),
     "presets": ("truestep.cli.main", "_presets_main"),

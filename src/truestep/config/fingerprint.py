@@ -27,10 +27,16 @@ def fingerprint(keys: dict[str, Any]) -> str:
 
 
 def diff_keys(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
-    """Human-readable differences, one per key, e.g. "model.dim: 256 -> 512"."""
+    """Human-readable differences, one per key, e.g. "model.dim: 256 -> 512".
+
+    A key the saved side does not record (a checkpoint from before the key existed) counts as its
+    default: a new key left at its default changes nothing, so it must not block a resume.
+    """
+    defaults = trajectory_keys(JobConfig())
     out = []
     for key in sorted(set(saved) | set(current)):
-        old, new = saved.get(key, "<absent>"), current.get(key, "<absent>")
+        old = saved.get(key, defaults.get(key, "<absent>"))
+        new = current.get(key, "<absent>")
         if old != new:
             out.append(f"{key}: {old!r} -> {new!r}")
     return out

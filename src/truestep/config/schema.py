@@ -22,6 +22,9 @@ class ModelConfig:
     """Number of query heads; must divide `dim` and be divisible by `parallel.tp`."""
     n_kv_heads: int = 0
     """Number of key/value heads for grouped-query attention; 0 means equal to `n_heads`."""
+    head_dim: int = 0
+    """Width of each attention head; 0 means `dim / n_heads`. Set it to decouple the head width from
+    `dim` (then `dim` need not be divisible by `n_heads`). Must be even (RoPE rotates pairs)."""
     vocab_size: int = 512
     """Embedding rows; must be at least the tokenizer's vocabulary size."""
     multiple_of: int = 256
@@ -32,6 +35,18 @@ class ModelConfig:
     """RMSNorm epsilon."""
     rope_theta: float = 500000.0
     """RoPE base frequency."""
+    rope_scaling: str = "none"
+    """RoPE frequency scaling: none, or llama3 (Llama 3.1/3.2 long context: low frequencies divided by
+    `rope_scaling_factor`, high ones kept, a smooth blend between; set by the `rope_*` keys below)."""
+    rope_scaling_factor: float = 8.0
+    """llama3 scaling: divisor of the low frequencies (Llama 3.1: 8, Llama 3.2: 32)."""
+    rope_low_freq_factor: float = 1.0
+    """llama3 scaling: wavelengths above rope_original_max_seq_len / this are divided by the factor."""
+    rope_high_freq_factor: float = 4.0
+    """llama3 scaling: wavelengths below rope_original_max_seq_len / this are kept unchanged."""
+    rope_original_max_seq_len: int = 8192
+    """llama3 scaling: the context length the model was pre-trained at before scaling (HF
+    `original_max_position_embeddings`)."""
     max_seq_len: int = 2048
     """Longest sequence the RoPE tables are built for; `data.seq_len` must not exceed it."""
     tie_embeddings: bool = False

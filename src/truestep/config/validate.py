@@ -7,7 +7,7 @@ the world size, and runs before any process-group work.
 from __future__ import annotations
 
 from truestep.config.errors import ConfigError
-from truestep.config.schema import PREEMPTION_SIGNALS, JobConfig
+from truestep.config.schema import PREEMPTION_SIGNALS, JobConfig, ModelConfig
 
 
 def _require(ok: bool, message: str) -> None:
@@ -39,13 +39,22 @@ def validate(cfg: JobConfig) -> None:
         ("parallel.num_threads", p.num_threads),
     ):
         _require(value > 0, f"{name} must be positive, got {value}")
-    _require(m.dim % m.n_heads == 0, f"model.dim={m.dim} must be divisible by model.n_heads={m.n_heads}")
+    _require(m.head_dim >= 0, f"model.head_dim must be >= 0 (0 = dim / n_heads), got {m.head_dim}")
+    _require(
+        m.head_dim > 0 or m.dim % m.n_heads == 0,
+        f"model.dim={m.dim} must be divisible by model.n_heads={m.n_heads}, or set model.head_dim",
+    )
     kv = m.n_kv_heads or m.n_heads
     _require(
         m.n_kv_heads >= 0 and m.n_heads % kv == 0,
         f"model.n_heads={m.n_heads} must be a multiple of model.n_kv_heads={kv}",
     )
-    _require((m.dim // m.n_heads) % 2 == 0, "model.dim / model.n_heads (head dim) must be even for RoPE")
+    head_dim = m.head_dim or m.dim // m.n_heads
+    _require(
+        head_dim % 2 == 0,
+        f"the head width ({head_dim}; model.head_dim or dim / n_heads) must be even for RoPE",
+    )
+    _validate_rope_scaling(m)
     _require(0.0 <= m.dropout < 1.0, f"model.dropout must be in [0, 1), got {m.dropout}")
     _require(m.norm_eps > 0 and m.init_std > 0, "model.norm_eps and model.init_std must be positive")
     _require(
@@ -115,6 +124,43 @@ def validate(cfg: JobConfig) -> None:
     )
     _require(c.interval >= 0, "checkpoint.interval must be >= 0 (0 = only final/emergency saves)")
     _require(c.keep_last_n >= 0, "checkpoint.keep_last_n must be >= 0 (0 keeps all)")
+
+
+_ROPE_SCALING_KEYS = (
+    "rope_scaling_factor",
+    "rope_low_freq_factor",
+    "rope_high_freq_factor",
+    "rope_original_max_seq_len",
+)
+
+
+def _validate_rope_scaling(m: ModelConfig) -> None:
+    _require(
+        m.rope_scaling in ("none", "llama3"),
+        f"model.rope_scaling must be none|llama3, got {m.rope_scaling!r}",
+    )
+    if m.rope_scaling == "none":
+        defaults = ModelConfig()
+        for key in _ROPE_SCALING_KEYS:
+            _require(
+                getattr(m, key) == getattr(defaults, key),
+                f"model.{key}={getattr(m, key)} has no effect while model.rope_scaling='none'; "
+                "set model.rope_scaling=llama3 or leave it at its default",
+            )
+        return
+    _require(
+        m.rope_scaling_factor >= 1.0,
+        f"model.rope_scaling_factor must be >= 1 (Llama 3.1: 8, Llama 3.2: 32), got {m.rope_scaling_factor}",
+    )
+    _require(
+        0 < m.rope_low_freq_factor < m.rope_high_freq_factor,
+        f"model.rope_low_freq_factor={m.rope_low_freq_factor} must be positive and below "
+        f"model.rope_high_freq_factor={m.rope_high_freq_factor} (Llama 3.1/3.2: 1 and 4)",
+    )
+    _require(
+        m.rope_original_max_seq_len > 0,
+        f"model.rope_original_max_seq_len must be positive (Llama 3: 8192), got {m.rope_original_max_seq_len}",
+    )
 
 
 def validate_layout(cfg: JobConfig, world_size: int) -> tuple[int, int]:

@@ -11,14 +11,27 @@ import numpy as np
 from truestep.data.atomic import atomic_save_npy, atomic_write_bytes, is_temp_name
 from truestep.data.errors import DataError
 from truestep.data.meta import FORMAT, META_NAME, SHARD_RE, VERSION, dtype_for_vocab, shard_name
-from truestep.data.tokenizer import Tokenizer, load_tokenizer
+from truestep.data.tokenizer import ByteTokenizer, Tokenizer, load_tokenizer
+from truestep.data.tokenizer_files import (
+    TOKENIZER_FILES,
+    TOKENIZER_JSON,
+    read_tokenizer_files,
+    write_tokenizer_files,
+)
 
 DEFAULT_SHARD_TOKENS = 16_777_216  # 32 MiB per shard at uint16: few files, cheap to hash and mmap
 
 
 def _is_ours(name: str) -> bool:
     """Names prepare_data itself writes (including temp files a killed run left behind)."""
-    return name == META_NAME or bool(SHARD_RE.fullmatch(name)) or is_temp_name(name)
+    return (
+        name == META_NAME or name in TOKENIZER_FILES or bool(SHARD_RE.fullmatch(name)) or is_temp_name(name)
+    )
+
+
+def _is_data(name: str) -> bool:
+    """Names only prepare_data writes: a directory holding nothing but tokenizer files is somebody's."""
+    return _is_ours(name) and name not in TOKENIZER_FILES
 
 
 def _has_truestep_meta(out_dir: Path) -> bool:
@@ -35,7 +48,11 @@ def is_replaceable_dir(path: Path) -> bool:
     A directory whose every entry is ours is an interrupted earlier run and is safe to redo.
     """
     names = [p.name for p in path.iterdir()]
-    return not names or _has_truestep_meta(path) or all(_is_ours(n) for n in names)
+    return (
+        not names
+        or _has_truestep_meta(path)
+        or (all(_is_ours(n) for n in names) and any(_is_data(n) for n in names))
+    )
 
 
 def _claim_out_dir(out_dir: Path) -> None:
@@ -146,20 +163,29 @@ def prepare_data(
         raise DataError(f"shard_tokens must be positive, got {shard_tokens}")
     paths = _check_inputs(text_files)
     tok = load_tokenizer(tokenizer_spec, eos_token=eos_token)
+    is_byte = isinstance(tok, ByteTokenizer)
+    # Read now: claiming out_dir below clears a previous copy, which may be the tokenizer given here.
+    tokenizer_bytes = {} if is_byte else read_tokenizer_files(Path(tokenizer_spec))
     dtype = dtype_for_vocab(tok.vocab_size)
     out_dir = Path(out_dir)
     _claim_out_dir(out_dir)
     writer = _ShardWriter(out_dir, dtype, shard_tokens)
+    tokenizer_files: list[str] = []
     try:
         for path in paths:
             writer.add(encode_document(tok, _read_text(path)))
         writer.flush()
+        # The tokenizer is copied in and named relative to out_dir, so it travels with the data.
+        tokenizer_files = write_tokenizer_files(tokenizer_bytes, out_dir)
         meta = {
             "format": FORMAT,
             "version": VERSION,
-            "tokenizer": tokenizer_spec,
+            "tokenizer": "byte" if is_byte else TOKENIZER_JSON,
+            **({"tokenizer_files": tokenizer_files} if tokenizer_files else {}),
             "vocab_size": int(tok.vocab_size),
             "eos_id": int(tok.eos_id),
+            "bos_id": tok.bos_id,
+            "pad_id": tok.pad_id,
             "dtype": dtype.name,
             "num_tokens": writer.num_tokens,
             "shards": writer.shards,
@@ -169,5 +195,7 @@ def prepare_data(
         atomic_write_bytes(out_dir / META_NAME, (json.dumps(meta, indent=2) + "\n").encode("utf-8"))
     except BaseException:
         writer.remove_written()
+        for name in tokenizer_files:
+            (out_dir / name).unlink(missing_ok=True)
         raise
     return out_dir

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -12,6 +13,9 @@ from truestep.data.errors import DataError
 # Names tried, in order, when a HF tokenizer is loaded without an explicit --eos-token. They cover
 # Llama 3, Llama 2 / Mistral / T5, GPT-2 / NeoX and Gemma style vocabularies.
 COMMON_EOS_TOKENS: tuple[str, ...] = ("<|end_of_text|>", "</s>", "<|endoftext|>", "<eos>")
+# Likewise for the beginning-of-sequence token when no tokenizer_config.json names one.
+COMMON_BOS_TOKENS: tuple[str, ...] = ("<|begin_of_text|>", "<s>", "<bos>")
+TOKENIZER_CONFIG = "tokenizer_config.json"
 
 
 class Tokenizer(Protocol):
@@ -20,6 +24,8 @@ class Tokenizer(Protocol):
     name: str
     vocab_size: int
     eos_id: int
+    bos_id: int | None
+    pad_id: int | None
 
     def encode(self, text: str) -> list[int]: ...
 
@@ -34,6 +40,8 @@ class ByteTokenizer:
 
     name = "byte"
     eos_id = 256
+    bos_id = None
+    pad_id = None
     vocab_size = 257
 
     def encode(self, text: str) -> list[int]:
@@ -52,7 +60,8 @@ class ByteTokenizer:
 class HFTokenizer:
     """A Hugging Face `tokenizers` tokenizer loaded from a `tokenizer.json` file."""
 
-    def __init__(self, path: str | Path, eos_token: str | None = None) -> None:
+    def __init__(self, path: str | Path, eos_token: str | None = None, eos_id: int | None = None) -> None:
+        """`eos_id`, when known (e.g. from a model's config), is used as it is instead of looking it up."""
         self.path = Path(path)
         try:
             # Imported lazily: `tokenizers` is an optional dependency and the byte path must not need it.
@@ -69,7 +78,26 @@ class HFTokenizer:
             raise DataError(f"cannot load tokenizer {self.path}: {e}") from e
         self.name = str(path)
         self.vocab_size: int = int(self._tok.get_vocab_size())
-        self.eos_id: int = self._find_eos(eos_token)
+        self.eos_id: int = self._find_eos(eos_token) if eos_id is None else eos_id
+        named = _special_tokens_named(self.path.parent / TOKENIZER_CONFIG)
+        self.bos_id: int | None = self._find(named.get("bos_token"), COMMON_BOS_TOKENS)
+        self.pad_id: int | None = self._find(named.get("pad_token"), ())
+
+    def _find(self, token: str | None, fallbacks: tuple[str, ...]) -> int | None:
+        """The id of `token` (named by tokenizer_config.json), else of the first fallback in the vocabulary."""
+        if token is not None:
+            token_id = self._tok.token_to_id(token)
+            if token_id is None:
+                raise DataError(
+                    f"{self.path.parent / TOKENIZER_CONFIG} names {token!r}, which is not in the vocabulary "
+                    f"of {self.path}"
+                )
+            return int(token_id)
+        for candidate in fallbacks:
+            token_id = self._tok.token_to_id(candidate)
+            if token_id is not None:
+                return int(token_id)
+        return None
 
     def _find_eos(self, eos_token: str | None) -> int:
         if eos_token is not None:
@@ -86,17 +114,42 @@ class HFTokenizer:
             "name it with --eos-token"
         )
 
-    def encode(self, text: str) -> list[int]:
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
         """Token ids of `text`.
 
-        add_special_tokens=False: post-processors such as Llama's would insert a BOS per call, and
-        document boundaries are marked by the EOS that `prepare_data` appends instead.
+        add_special_tokens=False by default: post-processors such as Llama's would insert a BOS per call,
+        and document boundaries are marked by the EOS that `prepare_data` appends instead. A prompt for
+        generation wants them (True), as `transformers`' tokenizer(text) adds them.
         """
-        return list(self._tok.encode(text, add_special_tokens=False).ids)
+        return list(self._tok.encode(text, add_special_tokens=add_special_tokens).ids)
+
+    def decode(self, ids: list[int]) -> str:
+        """Text of `ids`, special tokens included as their text."""
+        return str(self._tok.decode([int(i) for i in ids], skip_special_tokens=False))
 
     def encode_array(self, text: str) -> np.ndarray:
         """Same ids as `encode`, as an int64 numpy array."""
         return np.asarray(self.encode(text), dtype=np.int64)
+
+
+def _special_tokens_named(config_path: Path) -> dict[str, str]:
+    """bos_token/pad_token named by a tokenizer_config.json beside the tokenizer.json (if there is one)."""
+    if not config_path.is_file():
+        return {}
+    try:
+        config = json.loads(config_path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise DataError(f"cannot read {config_path}: {e}") from e
+    if not isinstance(config, dict):
+        raise DataError(f"{config_path} is not a JSON object")
+    named = {}
+    for key in ("bos_token", "pad_token"):
+        value = config.get(key)
+        if isinstance(value, dict):  # the AddedToken form: {"content": "<s>", ...}
+            value = value.get("content")
+        if isinstance(value, str):
+            named[key] = value
+    return named
 
 
 def load_tokenizer(spec: str, eos_token: str | None = None) -> ByteTokenizer | HFTokenizer:

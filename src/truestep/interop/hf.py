@@ -32,26 +32,32 @@ from truestep.checkpoint.weights import (
 from truestep.checkpoint.weights_only import write_weights_checkpoint
 from truestep.config.schema import ModelConfig
 from truestep.core.fsio import atomic_write, new_staging_dir, publish_dir
+from truestep.data.errors import DataError
+from truestep.data.tokenizer import HFTokenizer
+from truestep.data.tokenizer_files import TOKENIZER_FILES, TOKENIZER_JSON
+from truestep.interop.dtypes import cast_for_export, dtype_name
 from truestep.interop.errors import InteropError
+from truestep.interop.hf_config import (
+    ARCHITECTURE,
+    CONFIG,
+    ffn_rule_for,
+    hf_config,
+    model_config_from_hf,
+    special_token_ids,
+)
 from truestep.interop.names import from_hf, sort_key, to_hf
+from truestep.interop.tokenizer_export import (
+    GENERATION_CONFIG,
+    check_tokenizer_fits,
+    checkpoint_tokenizer,
+    generation_config,
+    write_tokenizer,
+)
 from truestep.model.llama import ffn_hidden_dim
 
-ARCHITECTURE = "LlamaForCausalLM"
-CONFIG = "config.json"
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
 DEFAULT_MAX_SHARD_SIZE = "5GB"
-
-# Defaults LlamaConfig applies to keys a config.json leaves out.
-HF_DEFAULTS = {
-    "rms_norm_eps": 1e-6,
-    "max_position_embeddings": 2048,
-    "tie_word_embeddings": False,
-    "rope_theta": 10000.0,
-    "hidden_act": "silu",
-    "attention_bias": False,
-    "mlp_bias": False,
-}
 
 _UNITS = {
     "": 1,
@@ -93,149 +99,6 @@ def parse_size(text: str | int) -> int:
 
 
 # ----------------------------------------------------------------------------------------------
-# configs
-
-
-def hf_config(cfg: ModelConfig) -> dict[str, Any]:
-    """config.json for LlamaForCausalLM, readable by transformers 4.x (rope_theta) and 5.x (rope_parameters)."""
-    n_kv = cfg.n_kv_heads or cfg.n_heads
-    return {
-        "architectures": [ARCHITECTURE],
-        "model_type": "llama",
-        "hidden_size": cfg.dim,
-        "intermediate_size": ffn_hidden_dim(cfg),
-        "num_hidden_layers": cfg.n_layers,
-        "num_attention_heads": cfg.n_heads,
-        "num_key_value_heads": n_kv,
-        "head_dim": cfg.dim // cfg.n_heads,
-        "vocab_size": cfg.vocab_size,
-        "rms_norm_eps": cfg.norm_eps,
-        "rope_theta": cfg.rope_theta,
-        "rope_scaling": None,
-        "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rope_theta},
-        "max_position_embeddings": cfg.max_seq_len,
-        "tie_word_embeddings": cfg.tie_embeddings,
-        "torch_dtype": "float32",
-        "hidden_act": "silu",
-        "attention_bias": False,
-        "attention_dropout": 0.0,
-        "mlp_bias": False,
-        "initializer_range": cfg.init_std,
-        "pretraining_tp": 1,
-        "use_cache": True,
-        "bos_token_id": None,
-        "eos_token_id": None,
-        "pad_token_id": None,
-    }
-
-
-def ffn_rule_for(dim: int, intermediate: int) -> tuple[int, float]:
-    """(multiple_of, ffn_dim_multiplier) with ffn_hidden_dim == intermediate, preferring round values."""
-    base = int(2 * (4 * dim) / 3)
-    multipliers = [0.0] + sorted({round(intermediate / base, digits) for digits in (1, 2, 3, 4)})
-    candidates = [1024, 256, 4096, 2048, 512, 128, 64, 32, 16, 8, 4, 2, 1]  # Llama 3, Llama 2 first
-    for multiplier in multipliers:
-        for multiple_of in candidates:
-            probe = ModelConfig(dim=dim, multiple_of=multiple_of, ffn_dim_multiplier=multiplier)
-            if ffn_hidden_dim(probe) == intermediate:
-                return multiple_of, multiplier
-    # Always reachable: round up to a multiple of the size itself from anything in (0, intermediate].
-    multiplier = intermediate / base
-    probe = ModelConfig(dim=dim, multiple_of=intermediate, ffn_dim_multiplier=multiplier)
-    if ffn_hidden_dim(probe) != intermediate:  # pragma: no cover - float rounding beyond belief
-        raise InteropError(f"cannot express intermediate_size={intermediate} with truestep's FFN rule")
-    return intermediate, multiplier
-
-
-def _rope_theta(hf: dict[str, Any], problems: list[str]) -> float:
-    scaling = hf.get("rope_scaling")
-    if scaling:
-        kind = scaling.get("rope_type", scaling.get("type", "?")) if isinstance(scaling, dict) else "?"
-        problems.append(
-            f"rope_scaling is set ({kind!r}): RoPE scaling (llama3, linear, dynamic, yarn, ...) is not "
-            "supported; truestep implements only plain RoPE"
-        )
-    theta = hf.get("rope_theta")
-    params = hf.get("rope_parameters")
-    if params:
-        if not isinstance(params, dict) or any(isinstance(v, dict) for v in params.values()):
-            problems.append("rope_parameters per layer type are not supported")
-            return float(theta or HF_DEFAULTS["rope_theta"])
-        kind = params.get("rope_type", params.get("type", "default"))
-        if kind != "default":
-            problems.append(
-                f"rope_parameters.rope_type={kind!r} (RoPE scaling) is not supported; only 'default'"
-            )
-        if params.get("partial_rotary_factor", 1.0) != 1.0:
-            problems.append("partial_rotary_factor != 1 is not supported")
-        theta = params.get("rope_theta", theta)
-    if hf.get("partial_rotary_factor", 1.0) != 1.0:
-        problems.append("partial_rotary_factor != 1 is not supported")
-    return float(theta if theta is not None else HF_DEFAULTS["rope_theta"])
-
-
-def model_config_from_hf(hf: Any, where: str = CONFIG) -> ModelConfig:
-    """The truestep ModelConfig equivalent to an HF Llama config.json; InteropError listing every problem."""
-    if not isinstance(hf, dict):
-        raise InteropError(f"{where} is not a JSON object")
-    archs = hf.get("architectures") or []
-    model_type = hf.get("model_type")
-    known = archs == [ARCHITECTURE] or (not archs and model_type == "llama")
-    if not known or model_type not in (None, "llama"):
-        found = ", ".join(map(str, archs)) or f"model_type={model_type!r}"
-        raise InteropError(
-            f"{where}: unsupported architecture {found}; only {ARCHITECTURE} (model_type 'llama') is supported"
-        )
-    problems: list[str] = []
-    required = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
-    missing = [key for key in required if not isinstance(hf.get(key), int) or hf[key] <= 0]
-    if missing:
-        raise InteropError(f"{where}: missing or invalid {', '.join(missing)}")
-
-    def get(key: str) -> Any:
-        return hf[key] if hf.get(key) is not None else HF_DEFAULTS[key]
-
-    dim, n_heads = hf["hidden_size"], hf["num_attention_heads"]
-    n_kv = hf.get("num_key_value_heads") or n_heads
-    if hf.get("attention_bias") or hf.get("mlp_bias") or hf.get("bias"):
-        problems.append("attention_bias/mlp_bias are set: biases are not supported (truestep Llama has none)")
-    if get("hidden_act") not in ("silu", "swish"):
-        problems.append(f"hidden_act={hf.get('hidden_act')!r} is not supported; only silu (SwiGLU)")
-    if dim % n_heads:
-        problems.append(f"hidden_size={dim} is not divisible by num_attention_heads={n_heads}")
-    head_dim = hf.get("head_dim")
-    if head_dim is not None and head_dim != dim // n_heads:
-        problems.append(
-            f"head_dim={head_dim} != hidden_size/num_attention_heads={dim // n_heads}: truestep derives the "
-            "head size from dim/n_heads, so a decoupled head_dim is not supported"
-        )
-    if (dim // n_heads) % 2:
-        problems.append(f"head size {dim // n_heads} is odd; RoPE needs an even head size")
-    if n_heads % n_kv:
-        problems.append(f"num_attention_heads={n_heads} is not a multiple of num_key_value_heads={n_kv}")
-    if hf.get("quantization_config"):
-        problems.append("quantized checkpoints (quantization_config) are not supported")
-    theta = _rope_theta(hf, problems)
-    if problems:
-        raise InteropError(f"{where}: cannot import this Llama config:\n  " + "\n  ".join(problems))
-    multiple_of, multiplier = ffn_rule_for(dim, hf["intermediate_size"])
-    return ModelConfig(
-        dim=dim,
-        n_layers=hf["num_hidden_layers"],
-        n_heads=n_heads,
-        n_kv_heads=n_kv,
-        vocab_size=hf["vocab_size"],
-        multiple_of=multiple_of,
-        ffn_dim_multiplier=multiplier,
-        norm_eps=float(get("rms_norm_eps")),
-        rope_theta=theta,
-        max_seq_len=int(get("max_position_embeddings")),
-        tie_embeddings=bool(get("tie_word_embeddings")),
-        init_std=float(hf.get("initializer_range") or ModelConfig.init_std),
-    )
-
-
-# ----------------------------------------------------------------------------------------------
 # export
 
 
@@ -245,11 +108,13 @@ class _Shard:
     nbytes: int = 0
 
 
-def plan_shards(meta: dict[str, TensorMeta], fqns: list[str], max_bytes: int) -> list[_Shard]:
+def plan_shards(
+    meta: dict[str, TensorMeta], fqns: list[str], max_bytes: int, dtype: torch.dtype = torch.float32
+) -> list[_Shard]:
     """Greedy, in order, as transformers does: a new shard when the next tensor would overflow it."""
     shards = [_Shard([])]
     for fqn in fqns:
-        nbytes = TensorMeta(meta[fqn].shape, torch.float32).nbytes
+        nbytes = TensorMeta(meta[fqn].shape, dtype).nbytes
         if shards[-1].fqns and shards[-1].nbytes + nbytes > max_bytes:
             shards.append(_Shard([]))
         shards[-1].fqns.append(fqn)
@@ -258,11 +123,19 @@ def plan_shards(meta: dict[str, TensorMeta], fqns: list[str], max_bytes: int) ->
 
 
 def export_hf(
-    ckpt: Path, out_dir: Path, max_shard_size: str | int = DEFAULT_MAX_SHARD_SIZE, checksums: bool = True
+    ckpt: Path,
+    out_dir: Path,
+    max_shard_size: str | int = DEFAULT_MAX_SHARD_SIZE,
+    checksums: bool = True,
+    dtype: torch.dtype = torch.float32,
+    data_dir: Path | None = None,
+    with_tokenizer: bool = True,
 ) -> dict[str, Any]:
-    """Consolidate a verified truestep checkpoint (any layout) into an HF Llama directory (fp32).
+    """Consolidate a verified truestep checkpoint (any layout) into an HF Llama directory.
 
-    Reads one output shard's tensors at a time, so peak memory is about one shard, not the model.
+    Weights are written in `dtype`; the tokenizer (see `tokenizer_export`) and its special-token ids go
+    into the directory too unless `with_tokenizer` is False. Reads one output shard's tensors at a time,
+    so peak memory is about one shard, not the model.
     """
     st = _safetensors()
     max_bytes = parse_size(max_shard_size)
@@ -270,10 +143,13 @@ def export_hf(
     cfg = read_model_config(ckpt_dir)
     meta = model_tensor_meta(ckpt_dir)
     check_config_fits(ckpt_dir, cfg, meta)
+    tok = checkpoint_tokenizer(ckpt_dir, data_dir) if with_tokenizer else None
+    if tok is not None:
+        check_tokenizer_fits(tok, cfg)
     fqns = sorted(meta, key=sort_key)
     if cfg.tie_embeddings:
         fqns = [f for f in fqns if f != "output.weight"]  # HF ties lm_head to embed_tokens itself
-    shards = plan_shards(meta, fqns, max_bytes)
+    shards = plan_shards(meta, fqns, max_bytes, dtype)
     out_dir = Path(out_dir)
     staging = new_staging_dir(out_dir, "an export")
     try:
@@ -285,7 +161,7 @@ def export_hf(
         weight_map: dict[str, str] = {}
         for shard, name in zip(shards, names, strict=True):
             loaded = load_model_tensors(ckpt_dir, shard.fqns, meta)
-            tensors = {to_hf(fqn): t.to(torch.float32).contiguous() for fqn, t in loaded.items()}
+            tensors = {to_hf(fqn): cast_for_export(t, dtype, fqn) for fqn, t in loaded.items()}
             st.torch.save_file(tensors, str(staging / name), metadata={"format": "pt"})
             weight_map.update(dict.fromkeys(tensors, name))
             del loaded, tensors
@@ -293,7 +169,13 @@ def export_hf(
         if len(shards) > 1:
             index = {"metadata": {"total_size": total}, "weight_map": weight_map}
             atomic_write(staging / INDEX_FILE, json.dumps(index, indent=2).encode())
-        atomic_write(staging / CONFIG, json.dumps(hf_config(cfg), indent=2).encode())
+        special = tok.special_tokens if tok is not None else None
+        config = hf_config(cfg, dtype_name(dtype), special)
+        atomic_write(staging / CONFIG, json.dumps(config, indent=2).encode())
+        tokenizer_files = []
+        if tok is not None:
+            tokenizer_files = write_tokenizer(tok, staging)
+            atomic_write(staging / GENERATION_CONFIG, json.dumps(generation_config(tok), indent=2).encode())
         publish_dir(staging, out_dir)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
@@ -304,6 +186,9 @@ def export_hf(
         "files": names,
         "tensors": len(weight_map),
         "bytes": total,
+        "dtype": dtype_name(dtype),
+        "tokenizer": tok.source if tok is not None else None,
+        "tokenizer_files": tokenizer_files,
     }
 
 
@@ -352,8 +237,42 @@ def _read_hf_tensors(files: list[Path]) -> tuple[dict[str, torch.Tensor], list[s
     return tensors, unknown, dtypes
 
 
+def _special_tokens(hf: dict[str, Any], hf_dir: Path, vocab_size: int) -> dict[str, Any]:
+    """bos/eos/pad ids of config.json, completed from generation_config.json where config.json has none."""
+    found = special_token_ids(hf, vocab_size, str(hf_dir / CONFIG))
+    generation = hf_dir / GENERATION_CONFIG
+    if generation.is_file() and any(value is None for value in found.values()):
+        try:
+            extra = json.loads(generation.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as err:
+            raise InteropError(f"{generation}: not valid JSON: {err}") from err
+        if not isinstance(extra, dict):
+            raise InteropError(f"{generation} is not a JSON object")
+        more = special_token_ids(extra, vocab_size, str(generation))
+        found = {key: found[key] if found[key] is not None else more[key] for key in found}
+    return found
+
+
+def _tokenizer_files(hf_dir: Path, special: dict[str, Any]) -> dict[str, bytes]:
+    """The tokenizer files of an HF directory (none without a tokenizer.json), checked to load."""
+    if not (hf_dir / TOKENIZER_JSON).is_file():
+        return {}
+    eos = special.get("eos_token_id")
+    try:
+        HFTokenizer(hf_dir / TOKENIZER_JSON, eos_id=(eos[0] if isinstance(eos, list) else eos))
+    except DataError as err:
+        raise InteropError(
+            f"{hf_dir}: {err}; remove the tokenizer files to import the weights alone"
+        ) from err
+    return {name: (hf_dir / name).read_bytes() for name in TOKENIZER_FILES if (hf_dir / name).is_file()}
+
+
 def import_hf(hf_dir: Path, out: Path) -> dict[str, Any]:
-    """Write the weights of an HF Llama directory as a weights-only truestep checkpoint (fp32)."""
+    """Write the weights of an HF Llama directory as a weights-only truestep checkpoint (fp32).
+
+    The tokenizer files beside the weights are copied into the checkpoint (and covered by its manifest)
+    and the bos/eos/pad ids recorded in interop.json, so an export gives them back.
+    """
     hf_dir = Path(hf_dir)
     config_path = hf_dir / CONFIG
     if not config_path.is_file():
@@ -363,6 +282,8 @@ def import_hf(hf_dir: Path, out: Path) -> dict[str, Any]:
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise InteropError(f"{config_path}: not valid JSON: {err}") from err
     cfg = model_config_from_hf(hf, str(config_path))
+    special = _special_tokens(hf, hf_dir, cfg.vocab_size)
+    tokenizer_files = _tokenizer_files(hf_dir, special)
     tensors, unknown, dtypes = _read_hf_tensors(_weight_files(hf_dir))
     if unknown:
         biases = [n for n in unknown if n.endswith(".bias")]
@@ -390,7 +311,10 @@ def import_hf(hf_dir: Path, out: Path) -> dict[str, Any]:
         "dtypes": sorted(dtypes),
         "config": hf,
     }
-    step_dir = write_weights_checkpoint(Path(out), state, cfg, source)
+    record = {"files": list(tokenizer_files), **special}
+    step_dir = write_weights_checkpoint(
+        Path(out), state, cfg, source, extra_files=tokenizer_files, extra_info={"tokenizer": record}
+    )
     n_params = sum(
         t.numel() for fqn, t in state.items() if not (cfg.tie_embeddings and fqn == "output.weight")
     )
@@ -402,6 +326,8 @@ def import_hf(hf_dir: Path, out: Path) -> dict[str, Any]:
         "source_dtypes": sorted(dtypes),
         "model": cfg,
         "model_overrides": model_overrides(cfg),
+        "tokenizer_files": list(tokenizer_files),
+        "special_tokens": special,
     }
 
 

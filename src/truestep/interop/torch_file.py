@@ -17,16 +17,19 @@ from truestep.checkpoint.weights import (
     model_tensor_meta,
     read_model_config,
 )
+from truestep.interop.dtypes import cast_for_export, dtype_name
 
 
-def export_torch(ckpt: Path, file: Path, checksums: bool = True) -> dict[str, Any]:
-    """Consolidate the model weights of a (verified) checkpoint into one fp32 `torch.save` state dict."""
+def export_torch(
+    ckpt: Path, file: Path, checksums: bool = True, dtype: torch.dtype = torch.float32
+) -> dict[str, Any]:
+    """Consolidate the model weights of a (verified) checkpoint into one `torch.save` state dict (`dtype`)."""
     ckpt_dir = find_verified(ckpt, checksums)
     cfg = read_model_config(ckpt_dir)
     meta = model_tensor_meta(ckpt_dir)
     check_config_fits(ckpt_dir, cfg, meta)
     tensors = load_model_tensors(ckpt_dir, meta=meta)
-    state = {fqn: t.to(torch.float32).contiguous() for fqn, t in tensors.items()}
+    state = {fqn: cast_for_export(t, dtype, fqn) for fqn, t in tensors.items()}
     if cfg.tie_embeddings and "output.weight" in state:
         state["output.weight"] = state["tok_embeddings.weight"]  # tied as in the module's state_dict
     file = Path(file)
@@ -43,4 +46,5 @@ def export_torch(ckpt: Path, file: Path, checksums: bool = True) -> dict[str, An
         "file": str(file),
         "tensors": len(state),
         "bytes": file.stat().st_size,
+        "dtype": dtype_name(dtype),
     }

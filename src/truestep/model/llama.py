@@ -2,6 +2,7 @@
 
 The module knows nothing about meshes or checkpoints. Tensor parallelism works on it unchanged because
 attention reshapes heads as (B, S, -1, head_dim): under TP each rank sees only its local heads.
+Given a `KVCache`, the forward decodes incrementally (generation); without one it is the training path.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from truestep.config.schema import ModelConfig
+from truestep.model.kv_cache import KVCache, LayerKV
+from truestep.model.rope import apply_rope, head_dim, rope_tables_for
 
 
 def ffn_hidden_dim(cfg: ModelConfig) -> int:
@@ -36,43 +39,37 @@ class RMSNorm(nn.Module):
         return normed.type_as(x) * self.weight
 
 
-def rope_tables(head_dim: int, max_seq_len: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos/sin of shape (max_seq_len, head_dim) in the HF half-split layout."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
-    angles = torch.outer(torch.arange(max_seq_len, dtype=torch.float64), inv_freq)
-    angles = torch.cat([angles, angles], dim=-1)
-    return angles.cos().float(), angles.sin().float()
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate (B, S, H, D) by the tables (S, D): x*cos + rotate_half(x)*sin."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    cos, sin = cos[None, :, None, :], sin[None, :, None, :]
-    return (x.float() * cos + rotated.float() * sin).type_as(x)
-
-
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        self.head_dim = cfg.dim // cfg.n_heads
+        self.head_dim = head_dim(cfg)
         n_kv = cfg.n_kv_heads or cfg.n_heads
         self.wq = nn.Linear(cfg.dim, cfg.n_heads * self.head_dim, bias=False)
         self.wk = nn.Linear(cfg.dim, n_kv * self.head_dim, bias=False)
         self.wv = nn.Linear(cfg.dim, n_kv * self.head_dim, bias=False)
         self.wo = nn.Linear(cfg.n_heads * self.head_dim, cfg.dim, bias=False)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: LayerKV | None = None
+    ) -> torch.Tensor:
         bsz, seq, _ = x.shape
         q = self.wq(x).view(bsz, seq, -1, self.head_dim)
         k = self.wk(x).view(bsz, seq, -1, self.head_dim)
         v = self.wv(x).view(bsz, seq, -1, self.head_dim)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        mask = None
+        if cache is not None:
+            k, v = cache.append(k, v)
+            if cache.start > 0 and seq > 1:  # new queries see the cached prefix and each other causally
+                queries = torch.arange(cache.start, cache.start + seq, device=x.device)
+                mask = queries[:, None] >= torch.arange(k.shape[1], device=x.device)[None, :]
         out = F.scaled_dot_product_attention(
             q.transpose(1, 2),
             k.transpose(1, 2),
             v.transpose(1, 2),
-            is_causal=True,
+            attn_mask=mask,
+            # One new query attends to every cached position; a fresh square block is plain causal.
+            is_causal=mask is None and q.shape[1] == k.shape[1] and seq > 1,
             enable_gqa=q.shape[2] != k.shape[2],
         )
         return self.wo(out.transpose(1, 2).reshape(bsz, seq, -1))
@@ -99,8 +96,10 @@ class TransformerBlock(nn.Module):
         self.feed_forward = FeedForward(cfg)
         self.dropout = cfg.dropout
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        h = self.attention(self.attention_norm(x), cos, sin)
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: LayerKV | None = None
+    ) -> torch.Tensor:
+        h = self.attention(self.attention_norm(x), cos, sin, cache)
         x = x + F.dropout(h, self.dropout, self.training)
         h = self.feed_forward(self.ffn_norm(x))
         return x + F.dropout(h, self.dropout, self.training)
@@ -111,13 +110,14 @@ class Transformer(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.tok_embeddings = nn.Embedding(cfg.vocab_size, cfg.dim)
-        # ModuleDict keyed by index (as torchtitan) keeps FQNs stable across parallel wrappings.
+        # ModuleDict keyed by index keeps FQNs stable across parallel wrappings. The parameter names match
+        # torchtitan's llama3, but its RoPE pairs dimensions differently: see interop/torchtitan.py.
         self.layers = nn.ModuleDict({str(i): TransformerBlock(cfg) for i in range(cfg.n_layers)})
         self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.output = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:
             self.output.weight = self.tok_embeddings.weight
-        cos, sin = rope_tables(cfg.dim // cfg.n_heads, cfg.max_seq_len, cfg.rope_theta)
+        cos, sin = rope_tables_for(cfg)
         # Non-persistent: derived from the config, never checkpointed.
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
@@ -139,16 +139,25 @@ class Transformer(nn.Module):
             is_out_proj = name.endswith("attention.wo.weight") or name.endswith("feed_forward.w2.weight")
             values = torch.randn(param.shape, generator=gen, dtype=torch.float32)
             param.copy_(values.mul_(out_std if is_out_proj else std))
-        cos, sin = rope_tables(self.cfg.dim // self.cfg.n_heads, self.cfg.max_seq_len, self.cfg.rope_theta)
+        cos, sin = rope_tables_for(self.cfg)
         self.rope_cos.copy_(cos)
         self.rope_sin.copy_(sin)
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        seq = tokens.shape[1]
-        cos, sin = self.rope_cos[:seq], self.rope_sin[:seq]
+    def forward(self, tokens: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
+        """Logits (B, S, vocab) in fp32. With `cache`, `tokens` continue the cached positions and their
+        keys/values are appended to it."""
+        start = cache.length if cache is not None else 0
+        end = start + tokens.shape[1]
+        if end > self.cfg.max_seq_len:
+            raise ValueError(f"position {end - 1} is beyond model.max_seq_len={self.cfg.max_seq_len}")
+        if cache is not None:
+            cache.check_room(tokens.shape[1])
+        cos, sin = self.rope_cos[start:end], self.rope_sin[start:end]
         h = self.tok_embeddings(tokens)
-        for layer in self.layers.values():
-            h = layer(h, cos, sin)
+        for index, layer in enumerate(self.layers.values()):
+            h = layer(h, cos, sin, cache.layer(index) if cache is not None else None)
+        if cache is not None:
+            cache.advance(tokens.shape[1])
         return self.output(self.norm(h)).float()
 
 

@@ -31,6 +31,12 @@ def apply_tp(model: Transformer, ctx: DistContext) -> None:
             "output": ColwiseParallel(output_layouts=Replicate(), use_local_output=True),
         },
     )
+    if model.cfg.tie_embeddings:
+        # parallelize_module gave each module its own new DTensor parameter, silently untying them. Both
+        # are sharded by vocabulary row (Shard(0)), so one tensor serves both again.
+        embedding, output = model.tok_embeddings.weight, model.output.weight
+        assert embedding.placements == output.placements, (embedding.placements, output.placements)
+        model.output.weight = embedding
     block_plan = {
         "attention.wq": ColwiseParallel(),
         "attention.wk": ColwiseParallel(),

@@ -58,8 +58,10 @@ class CheckpointHook(Hook):
                 facts = load_init_weights(trainer.model, cfg.init_from, cfg.verify_checksums, trainer.ctx)
                 trainer.logs.event("init_from", **facts)
                 if facts["config_differences"] and trainer.ctx.is_main:
+                    # A wrong RoPE base trains fine and silently worse: say so where the user looks.
                     print(
-                        "truestep: warning: init_from weights were saved with a different "
+                        f"truestep train: warning: checkpoint.init_from={facts['path']}: the configured model "
+                        "differs from the one the weights were trained with: "
                         + "; ".join(facts["config_differences"]),
                         file=sys.stderr,
                         flush=True,
