@@ -198,8 +198,8 @@ class ResilienceConfig:
     """Mechanism switch: every rank writes a liveness + progress heartbeat that the supervisor watches."""
     startup_timeout_s: float = 20.0
     """Supervisor: a rank that has written no heartbeat this long after it was spawned is stopped or
-    stuck while starting. The heartbeat starts before torch is imported (measured: well under 1 s on an
-    idle machine, a few seconds with 4 ranks starting on 2 busy cores)."""
+    stuck while starting. The heartbeat starts before torch is imported (measured: 0.25-0.5 s after the
+    spawn on a loaded 2-core machine)."""
     lease_ttl_s: float = 30.0
     """The run directory lease is renewed every lease_ttl_s / 4; a lease held from another host that was
     not renewed for this long is stale and may be taken over by another job."""
