@@ -450,6 +450,9 @@ def test_export_to_torch_refuses_an_existing_file(reference, tmp_path):
     for dest in (victim, link):
         rc, out, err = run_cli(interop_main, "export", src, "--to", "torch", dest)
         assert rc == 3 and "already exists; refusing to overwrite it" in one_line(err), err
+    # refused before the checkpoint is even looked for: no work for an output that cannot be written
+    rc, out, err = run_cli(interop_main, "export", tmp_path / "no-such-checkpoint", "--to", "torch", victim)
+    assert rc == 3 and "already exists; refusing to overwrite it" in one_line(err), err
     assert victim.read_bytes() == b"precious"
     assert not (tmp_path / "target-that-does-not-exist").exists()
     rc, out, err = run_cli(interop_main, "export", src, "--to", "torch", tmp_path / "new.pt")
