@@ -144,6 +144,18 @@ def test_train_refuses_a_run_directory_with_a_symlinked_log(tmp_path):
     assert sorted(p.name for p in run.iterdir()) == ["metrics.jsonl"]
 
 
+def test_debug_prints_the_traceback_as_well(tmp_path):
+    run = tmp_path / "run"
+    plant(run)
+    args = ["--debug", "train", "tiny", f"--run.dir={run}", *harness.TINY, "--train.max_steps=6"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "truestep", *args], env=harness.truestep_env(), capture_output=True, text=True
+    )
+    assert proc.returncode == 3
+    assert "Traceback (most recent call last)" in proc.stderr and "RefusedError" in proc.stderr
+    assert proc.stderr.rstrip().splitlines()[-1].startswith("truestep train: refusing to use run directory")
+
+
 def test_launch_refuses_it_before_the_supervisor_writes(tmp_path):
     run = tmp_path / "run"
     victim = plant(run)

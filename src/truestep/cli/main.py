@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 from collections.abc import Callable
 
 from truestep.config.errors import ConfigError
 from truestep.core.env import world_from_env
 from truestep.core.errors import expected_failure
+from truestep.core.names import ENV_DEBUG
 
 USAGE = """usage: truestep [--debug] COMMAND [ARGS]
 
@@ -88,6 +90,8 @@ def main(argv: list[str] | None = None) -> int:
     debug = bool(argv) and argv[0] == "--debug"
     if debug:
         argv = argv[1:]
+        os.environ[ENV_DEBUG] = "1"  # ranks spawned by `launch` inherit it
+    debug = debug or os.environ.get(ENV_DEBUG) == "1"
     if not argv or argv[0] in ("-h", "--help"):
         print(USAGE)
         return 0 if argv else 2

@@ -56,5 +56,8 @@ ENV_JOB_ID = "TRUESTEP_JOB_ID"
 """Identity of the job that owns the run directory lease (defaults to SLURM_JOB_ID)."""
 ENV_CONFIG_FILE = "TRUESTEP_CONFIG_FILE"
 """Set by the supervisor: the resolved, validated config file of this attempt that ranks load."""
+ENV_DEBUG = "TRUESTEP_DEBUG"
+"""Set (to 1) by `truestep --debug`: expected errors print their traceback too, in every process of the
+job (the supervisor's ranks inherit it)."""
 ENV_CACHE = "TRUESTEP_CACHE"
 """Where the built-in demo corpus is cached."""

@@ -35,6 +35,7 @@ from truestep.core.errors import (
     expected_failure,
 )
 from truestep.core.fsio import make_dir
+from truestep.core.names import ENV_DEBUG
 from truestep.core.rundir import check_run_dir
 from truestep.core.status import RankStatus, StopReason
 from truestep.faults.hooks import set_context as set_fault_context
@@ -153,6 +154,8 @@ def run_training(cfg: JobConfig, status: RankStatus, attempt: Attempt | None) ->
         # A refusal every rank shares is printed once; one rank's own failure by that rank.
         if ctx.is_main or not isinstance(err, TruestepError) or err.rank_local:
             who = "" if ctx.is_main or not ctx.distributed else f"rank {ctx.rank}: "
+            if os.environ.get(ENV_DEBUG) == "1":  # truestep --debug
+                traceback.print_exception(err)
             print(f"truestep train: {who}{line}", file=sys.stderr, flush=True)
         clean = False  # some ranks may not share the error: no barrier
     if attempt is not None and attempt.lease is not None:
