@@ -459,3 +459,37 @@ def test_export_to_torch_refuses_an_existing_file(reference, tmp_path):
     assert rc == 0, err
     state = torch.load(tmp_path / "new.pt", weights_only=True)
     assert state["norm.weight"].dtype == torch.float32
+
+
+@pytest.mark.parametrize("plant", ["symlink", "fifo"])
+def test_a_link_planted_in_a_checkpoint_being_committed_is_refused_not_published(tmp_path, plant):
+    """Someone else writes into the step directory between the shards and the commit: the manifest is
+    never written over a symlink's target or a FIFO, no marker is published, and the refusal is one
+    RefusedError (exit 3: a human must look at who writes into the run directory)."""
+    from concurrent.futures import Future
+
+    from truestep.checkpoint.saver import Checkpointer, PendingSave
+    from truestep.core.errors import RefusedError
+    from truestep.parallel.dist import DistContext
+
+    root = tmp_path / "checkpoints"
+    d = root / step_dir_name(4)
+    d.mkdir(parents=True)
+    (d / RANK0).write_text("{}")
+    if plant == "symlink":
+        (tmp_path / "victim").write_text("precious")
+        os.symlink(tmp_path / "victim", d / SHARD)
+    else:
+        mkfifo(d / SHARD)
+    logs = RunLogs(tmp_path, attempt=1, enabled=True)
+    checkpointer = Checkpointer(root, CheckpointConfig(), DistContext(), logs, {}, lambda: None, 1)
+    done: Future = Future()
+    done.set_result(None)
+    try:
+        with pytest.raises(RefusedError, match=rf"not committing .*{SHARD} is a (symlink|FIFO)"):
+            within(30, lambda: checkpointer._commit(PendingSave(4, d, done, time.perf_counter(), "interval")))
+    finally:
+        logs.close()
+    assert not (d / MARKER).exists() and not (d / MANIFEST).exists()
+    if plant == "symlink":
+        assert (tmp_path / "victim").read_text() == "precious"

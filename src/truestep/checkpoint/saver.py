@@ -31,11 +31,11 @@ from torch.distributed.checkpoint import FileSystemWriter
 from torch.distributed.checkpoint.filesystem import FileSystem
 
 from truestep.checkpoint.catalog import LATEST, committed_dirs, step_dir_name, step_of
-from truestep.checkpoint.manifest import read_marker, write_manifest, write_marker
+from truestep.checkpoint.manifest import VerifyError, read_marker, write_manifest, write_marker
 from truestep.checkpoint.safe_dcp import single_process
 from truestep.checkpoint.state import Checkpointable, write_rank_state
 from truestep.config.schema import CheckpointConfig
-from truestep.core.errors import FencedError, os_error_line, storage_error
+from truestep.core.errors import FencedError, RefusedError, os_error_line, storage_error
 from truestep.core.fsio import atomic_write, make_dir, open_for_write
 from truestep.faults.hooks import fault_point
 from truestep.parallel.dist import DistContext
@@ -243,7 +243,13 @@ class Checkpointer:
         started = time.perf_counter()
         if self.cfg.atomic_commit:
             fault_point("save:before-manifest", step=pending.step)
-            manifest = write_manifest(pending.ckpt_dir, pending.step)
+            try:
+                manifest = write_manifest(pending.ckpt_dir, pending.step)
+            except VerifyError as err:  # a symlink or FIFO appeared among the files being committed
+                raise RefusedError(
+                    f"not committing {pending.ckpt_dir}: {err}; something other than this run writes into "
+                    "its checkpoint directory"
+                ) from err
             fault_point("save:before-marker", step=pending.step)
             self._check_fence()
             write_marker(pending.ckpt_dir, pending.step, manifest, self.incarnation)
