@@ -9,7 +9,7 @@ so that machine noise hits every variant alike:
   sync      checkpoint.async_save=false: Checkpointer.save() returns after DCP wrote and fsynced the
             shards and rank 0 committed (manifest with the SHA-256 of every file, then the marker);
             then, on that checkpoint, with its pages evicted from the page cache:
-            verify  = manifest.verify(checksums=True) as the resume resolver runs it (cold read + SHA-256),
+            verify  = integrity.verify(checksums=True) as the resume resolver runs it (cold read + SHA-256),
             restore = state.restore() (dcp.load + set_{model,optimizer}_state_dict, warm after verify);
   async     Checkpointer.save() with async_save=true (staging copy + thread start: what the loop waits),
             then wait() at once: time until written and committed with nothing overlapping;
@@ -37,7 +37,7 @@ import time
 from pathlib import Path
 
 from truestep.checkpoint.catalog import step_dir_name
-from truestep.checkpoint.manifest import verify
+from truestep.checkpoint.integrity import verify
 from truestep.checkpoint.saver import Checkpointer
 from truestep.checkpoint.state import restore
 from truestep.config.load import load_config

@@ -24,7 +24,8 @@ from pathlib import Path
 
 import harness
 from truestep.checkpoint.catalog import MANIFEST, MARKER, QUARANTINE, step_dir_name, step_dirs, step_of
-from truestep.checkpoint.manifest import VerifyError, verify, write_manifest, write_marker
+from truestep.checkpoint.integrity import verify
+from truestep.checkpoint.manifest import VerifyError, write_manifest, write_marker
 from truestep.core.names import ENV_FAULTS as FAULTS_ENV
 
 # The reference trajectory: 10 steps, a checkpoint every 3 (3, 6, 9) plus the final one (10).

@@ -27,7 +27,7 @@ from ckpt_cases import (
     quarantined,
     step_dir_name,
 )
-from truestep.checkpoint.manifest import verify
+from truestep.checkpoint.integrity import verify
 
 # ----------------------------------------------------------------------------------------------
 # crash at every phase of the save at step 6

@@ -25,7 +25,7 @@ from ckpt_cases import (
     step_dirs,
     step_of,
 )
-from truestep.checkpoint.manifest import verify
+from truestep.checkpoint.integrity import verify
 from truestep.checkpoint.saver import Checkpointer
 from truestep.config.schema import JobConfig
 from truestep.parallel.dist import DistContext

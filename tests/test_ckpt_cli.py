@@ -202,14 +202,15 @@ def test_inspect_unverified_reports_reason(run_copy, capsys):
 
 def test_inspect_never_unpickles(run_copy, tmp_path, capsys):
     """Pickles planted as .metadata and as rank00000.json (manifest and marker rewritten to match):
-    inspect reads JSON only, reports the non-JSON rank state, and runs nothing."""
+    inspect reads JSON (and .metadata only through the allow-list unpickler), reports the non-JSON rank
+    state, refuses to call it verified, and runs nothing."""
     d = ckpt(run_copy, 6)
     marker = tmp_path / "pwned"
     (d / ".metadata").write_bytes(pickle.dumps(Evil(marker)))
     (d / "rank00000.json").write_bytes(pickle.dumps(Evil(marker)))
     write_marker(d, 6, write_manifest(d, 6))
     info = inspect_checkpoint(d)
-    assert info["verified"] is True  # consistent files: refusing them is safe_dcp's job on load
+    assert info["verified"] is False and "references posix.system; refused" in info["reason"]
     assert any("rank00000.json is not valid JSON" in p for p in info["problems"])
     assert info["train_state"] is None and info["layout"] is None
     rc, out, _ = cli(capsys, "inspect", d)

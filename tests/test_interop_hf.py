@@ -26,7 +26,7 @@ from interop_cases import (
 )
 from truestep.checkpoint.catalog import step_dir_name
 from truestep.checkpoint.init_from import load_init_weights
-from truestep.checkpoint.manifest import verify
+from truestep.checkpoint.integrity import verify
 from truestep.checkpoint.weights import load_model_tensors, read_model_config
 from truestep.cli.interop import interop_main
 from truestep.core.errors import RefusedError

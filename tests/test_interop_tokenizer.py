@@ -23,7 +23,7 @@ from harness import launch
 from interop_cases import cli, transformers_or_skip
 from tokenizer_cases import write_corpus, write_tiny_tokenizer
 from truestep.checkpoint.catalog import step_dir_name
-from truestep.checkpoint.manifest import verify
+from truestep.checkpoint.integrity import verify
 from truestep.checkpoint.weights import load_model_tensors
 from truestep.checkpoint.weights_only import write_weights_checkpoint
 from truestep.cli.prepare_data import prepare_data_main

@@ -9,10 +9,13 @@ Nothing is ever deleted here: a checkpoint that fails is quarantined, one a user
 
 from __future__ import annotations
 
+import os
 import re
+import stat
 import time
 from pathlib import Path
 
+from truestep.checkpoint.errors import SetAsideError
 from truestep.core.names import CHECKPOINTS_DIR
 
 MARKER = "COMMITTED"
@@ -27,6 +30,8 @@ SUPERSEDED = "superseded"
 """Where `checkpoint.overwrite=true` moves the checkpoints of an earlier trajectory, never deleted."""
 RANK_STATE = "rank{rank:05d}.json"
 """Per-rank JSON state: counters, data position, RNG streams, config keys."""
+DCP_METADATA = ".metadata"
+"""DCP's own metadata file (written by DCP's coordinator; read only through checkpoint/safe_dcp.py)."""
 
 _STEP_DIR = re.compile(r"^step_(\d{8})$")
 _SET_ASIDE = re.compile(r"^step_(\d{8})\.(\d+)\.?(.*)$")
@@ -90,6 +95,15 @@ def step_dirs(root: Path) -> list[Path]:
     return sorted(found, key=lambda p: step_of(p) or 0, reverse=True)
 
 
+def stray_step_entries(root: Path) -> list[Path]:
+    """Entries named like a checkpoint (`step_XXXXXXXX`) that are not real directories: symlinks (to a
+    directory or anywhere else), files, FIFOs. Never checkpoints; they stand where a save would write."""
+    if not root.is_dir() or root.is_symlink():
+        return []
+    found = [p for p in root.iterdir() if step_of(p) is not None and not stat.S_ISDIR(os.lstat(p).st_mode)]
+    return sorted(found, key=lambda p: step_of(p) or 0, reverse=True)
+
+
 def quarantined_dirs(root: Path) -> list[Path]:
     """Quarantined checkpoint directories, newest step first."""
     found = _real_dirs(root / QUARANTINE)
@@ -97,7 +111,7 @@ def quarantined_dirs(root: Path) -> list[Path]:
 
 
 def is_committed(ckpt_dir: Path) -> bool:
-    """The marker is there (whether the checkpoint still verifies is `manifest.verify`'s question)."""
+    """The marker is there (whether the checkpoint still verifies is `integrity.verify`'s question)."""
     marker = ckpt_dir / MARKER
     return marker.is_file() and not marker.is_symlink()
 
@@ -121,8 +135,12 @@ def _slug(reason: str) -> str:
 
 def _move_aside(ckpt_dir: Path, where: str, reason: str) -> Path:
     target_root = ckpt_dir.parent / where
-    if target_root.is_symlink() or (target_root.exists() and not target_root.is_dir()):
-        raise NotADirectoryError(f"{target_root} is not a directory; cannot set {ckpt_dir.name} aside")
+    if target_root.is_symlink() or (os.path.lexists(target_root) and not target_root.is_dir()):
+        what = "a symlink" if target_root.is_symlink() else "not a directory"
+        raise SetAsideError(
+            f"cannot move {ckpt_dir.name} to {target_root}: that path is {what}. Move it out of the way "
+            f"(truestep keeps set-aside checkpoints there), then start again"
+        )
     target_root.mkdir(exist_ok=True)
     target = target_root / f"{ckpt_dir.name}.{int(time.time() * 1000)}.{_slug(reason)}"
     ckpt_dir.rename(target)
@@ -140,7 +158,11 @@ def supersede(ckpt_dir: Path, reason: str) -> Path:
 
 
 def read_latest_hint(root: Path) -> str | None:
+    """The `latest` hint's text (None if absent or unreadable); a symlink or FIFO is never opened."""
+    path = root / LATEST
     try:
-        return (root / LATEST).read_text(encoding="utf-8").strip() or None
+        if not stat.S_ISREG(os.lstat(path).st_mode) or os.lstat(path).st_size > 4096:
+            return None
+        return path.read_text(encoding="utf-8").strip() or None
     except (OSError, UnicodeDecodeError):
         return None

@@ -10,19 +10,20 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
 from torch.distributed.tensor import DTensor
 
 from truestep.checkpoint.catalog import step_of
+from truestep.checkpoint.errors import CheckpointContentError, TensorMismatchError
 from truestep.checkpoint.resolver import CheckpointNotFound, find_verified, find_verified_collective
-from truestep.checkpoint.safe_dcp import SafeFileSystemReader, SafeLoadPlanner, UnsafeCheckpointError
+from truestep.checkpoint.safe_dcp import load_dcp
 from truestep.checkpoint.weights import (
     WeightsError,
     load_model_tensors,
     model_overrides,
     model_tensor_meta,
+    problem_list,
     read_model_config,
     shape_problems,
 )
@@ -81,20 +82,18 @@ def load_init_weights(
             f"model.tie_embeddings: checkpoint {saved_cfg.tie_embeddings}, configured {cfg.tie_embeddings}"
         )
     if problems:
-        more = f"; ... ({len(problems) - 8} more)" if len(problems) > 8 else ""
         raise WeightsError(
             f"checkpoint.init_from={path} does not fit the configured model: "
-            + "; ".join(problems[:8])
-            + more
+            + problem_list(problems)
             + ". The checkpoint's model config is: "
             + " ".join(model_overrides(saved_cfg))
         )
     if sharded:
         state = get_model_state_dict(model)
         try:
-            dcp.load({"model": state}, storage_reader=SafeFileSystemReader(path), planner=SafeLoadPlanner())
-        except UnsafeCheckpointError as err:
-            raise WeightsError(f"{path}: {err}") from err
+            load_dcp({"model": state}, path)
+        except (CheckpointContentError, TensorMismatchError) as err:
+            raise WeightsError(f"checkpoint.init_from={path}: {err}") from err
         set_model_state_dict(model, state)
     else:
         load_model_tensors(path, into=plain)

@@ -1,8 +1,10 @@
 """Read-only views of checkpoint directories for operators (`truestep ckpt list|verify|inspect`).
 
 Everything here reads JSON only (the commit marker, the manifest, the rank-state files) through
-`manifest.read_json`, and judges completeness with `manifest.verify`, the same check the resolver uses.
-Nothing is ever unpickled: DCP's `.metadata` and the `.distcp` shards are only sized and hashed.
+`manifest.read_json`, and judges completeness with `integrity.verify`, the same check the resolver uses
+(which reads DCP's `.metadata` through the allow-list unpickler of `safe_dcp`, never stock pickle; the
+`.distcp` shards are only sized and hashed). Nothing here follows a symlink into a directory or opens a
+FIFO, and no file of a checkpoint can make these views raise: problems are reported, not thrown.
 """
 
 from __future__ import annotations
@@ -26,9 +28,13 @@ from truestep.checkpoint.catalog import (
     step_dirs,
     step_of,
 )
-from truestep.checkpoint.manifest import VerifyError, read_json, verification_problem
+from truestep.checkpoint.integrity import verification_problem
+from truestep.checkpoint.manifest import VerifyError, read_json
 from truestep.checkpoint.state import read_rank_state
+from truestep.core.fsio import OversizeFileError, read_regular
 from truestep.core.names import EVENTS_FILE
+
+MAX_EVENTS_BYTES = 256 << 20
 
 __all__ = ["checkpoint_root", "inspect_checkpoint", "is_checkpoint_dir", "list_checkpoints"]
 
@@ -57,12 +63,14 @@ def _quarantine_reasons(root: Path) -> dict[str, str]:
     """moved_to name -> reason, from the run's events.jsonl when the root is <run>/checkpoints."""
     events = root.parent / EVENTS_FILE
     reasons: dict[str, str] = {}
-    if not events.is_file():
+    try:
+        text = read_regular(events, MAX_EVENTS_BYTES).decode("utf-8", errors="replace")
+    except (OSError, OversizeFileError):  # absent, a symlink or FIFO, or huge: no reasons, not a crash
         return reasons
-    for line in events.read_text(encoding="utf-8", errors="replace").splitlines():
+    for line in text.splitlines():
         try:
             record = json.loads(line)
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):
             continue
         if isinstance(record, dict) and record.get("event") == "checkpoint_quarantined":
             moved_to = record.get("moved_to")

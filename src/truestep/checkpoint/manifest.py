@@ -1,23 +1,39 @@
 """The commit protocol's two files: the manifest (every file, size, SHA-256) and the commit marker.
 
-A checkpoint is complete iff its marker parses, names the directory's step and the manifest's SHA-256,
-and every file the manifest lists is present with its size (and checksum, when verifying them), with no
-file the manifest does not list. The marker also records the incarnation (job-wide attempt) that
-committed it: the run directory lease's fencing token.
+The files of a checkpoint are complete iff its marker parses, names the directory's step and the
+manifest's SHA-256, and every file the manifest lists is present with its size (and checksum, when
+verifying them), with no file the manifest does not list (`verify_files`). Only regular files can be
+part of a checkpoint: a symlink, FIFO, socket or device anywhere inside it fails verification before
+anything is opened (a FIFO would block a reader forever). What the files say about each other (DCP
+metadata, rank state, step) is checked on top of this by `checkpoint/integrity.py`. The marker also
+records the incarnation (job-wide attempt) that committed it: the run directory lease's fencing token.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
+import re
+import stat
 import time
 from pathlib import Path
 from typing import Any
 
 from truestep.checkpoint.catalog import MANIFEST, MARKER, step_of
-from truestep.core.fsio import atomic_write, fsync_file, sha256_file
+from truestep.core.fsio import (
+    OversizeFileError,
+    UnsafePathError,
+    atomic_write,
+    entry_kind,
+    fsync_file,
+    plain_relative_name,
+    read_regular,
+    sha256_file,
+)
 
 MAX_JSON_BYTES = 64 << 20
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
 
 class VerifyError(Exception):
@@ -25,11 +41,24 @@ class VerifyError(Exception):
 
 
 def payload_files(ckpt_dir: Path) -> list[Path]:
-    """Every regular file except the manifest and the marker, sorted by relative name."""
+    """Every file except the manifest and the marker, sorted by relative name; subdirectories are walked
+    without following symlinks. VerifyError for anything that is not a regular file or a directory."""
     skip = {MANIFEST, MARKER}
-    return sorted(
-        p for p in ckpt_dir.rglob("*") if p.is_file() and p.relative_to(ckpt_dir).as_posix() not in skip
-    )
+    found: list[Path] = []
+    pending = [ckpt_dir]
+    while pending:
+        directory = pending.pop()
+        for entry in os.scandir(directory):
+            path = Path(entry.path)
+            mode = entry.stat(follow_symlinks=False).st_mode
+            if stat.S_ISDIR(mode):
+                pending.append(path)
+            elif not stat.S_ISREG(mode):
+                kind = entry_kind(path)
+                raise VerifyError(f"{path.relative_to(ckpt_dir).as_posix()} is {kind}, not a regular file")
+            elif path.relative_to(ckpt_dir).as_posix() not in skip:
+                found.append(path)
+    return sorted(found)
 
 
 def build_manifest(ckpt_dir: Path, step: int) -> dict[str, Any]:
@@ -60,13 +89,18 @@ def write_marker(ckpt_dir: Path, step: int, manifest_blob: bytes, incarnation: i
 
 
 def read_json(path: Path) -> Any:
-    """Parse a small JSON file; anything else (missing, huge, not JSON) is a VerifyError."""
-    if path.is_symlink() or not path.is_file():
-        raise VerifyError(f"missing {path.name}")
-    if path.stat().st_size > MAX_JSON_BYTES:
-        raise VerifyError(f"{path.name} is implausibly large")
+    """Parse a small JSON file; anything else (missing, a symlink or FIFO, huge, not JSON) is a
+    VerifyError. A FIFO is never opened for reading (it would block), a symlink never followed."""
     try:
-        return json.loads(path.read_bytes())
+        data = read_regular(path, MAX_JSON_BYTES)
+    except FileNotFoundError:
+        raise VerifyError(f"missing {path.name}") from None
+    except UnsafePathError:
+        raise VerifyError(f"{path.name} is {entry_kind(path) or 'unreadable'}, not a regular file") from None
+    except OversizeFileError:
+        raise VerifyError(f"{path.name} is implausibly large (over {MAX_JSON_BYTES} bytes)") from None
+    try:
+        return json.loads(data)
     except (ValueError, RecursionError) as err:  # JSONDecodeError, UnicodeDecodeError, huge ints
         raise VerifyError(f"{path.name} is not valid JSON: {type(err).__name__}") from err
 
@@ -78,21 +112,25 @@ def read_marker(ckpt_dir: Path) -> dict[str, Any]:
     return marker
 
 
-def verify(ckpt_dir: Path, checksums: bool) -> dict[str, Any]:
-    """Return the manifest if the checkpoint is complete, else raise VerifyError saying why."""
+def verify_files(ckpt_dir: Path, checksums: bool) -> dict[str, Any]:
+    """Return the manifest if the checkpoint's files are complete, else raise VerifyError saying why.
+    (`checkpoint.integrity.verify` is the whole check; this is its file-level part.)"""
     marker = read_marker(ckpt_dir)
-    if marker.get("step") != step_of(ckpt_dir):
+    if marker.get("step") != step_of(ckpt_dir) or isinstance(marker.get("step"), bool):
         raise VerifyError("commit marker does not name this directory's step")
+    present = {p.relative_to(ckpt_dir).as_posix() for p in payload_files(ckpt_dir)}
     manifest_path = ckpt_dir / MANIFEST
-    if manifest_path.is_symlink() or not manifest_path.is_file():
-        raise VerifyError("missing manifest.json")
+    if entry_kind(manifest_path) is not None:
+        raise VerifyError(f"{MANIFEST} is {entry_kind(manifest_path)}, not a regular file")
     if sha256_file(manifest_path) != marker.get("manifest_sha256"):
         raise VerifyError("manifest.json does not match the commit marker (tampered or torn)")
     manifest = read_json(manifest_path)
     listed = manifest.get("files") if isinstance(manifest, dict) else None
     if not isinstance(listed, dict) or not listed:
         raise VerifyError("manifest lists no files")
-    present = {p.relative_to(ckpt_dir).as_posix() for p in payload_files(ckpt_dir)}
+    outside = sorted(name for name in listed if not plain_relative_name(name))
+    if outside:
+        raise VerifyError(f"manifest names paths outside the checkpoint: {', '.join(map(repr, outside[:5]))}")
     unexpected = sorted(present - set(listed))
     if unexpected:
         raise VerifyError(f"files not in the manifest: {', '.join(unexpected[:5])}")
@@ -102,21 +140,12 @@ def verify(ckpt_dir: Path, checksums: bool) -> dict[str, Any]:
             raise VerifyError(f"{name}: malformed manifest entry")
         if name not in present:
             raise VerifyError(f"missing file {name}")
-        size = path.stat().st_size
-        if size != entry.get("size"):
+        size = os.lstat(path).st_size
+        if size != entry.get("size") or isinstance(entry.get("size"), bool):
             raise VerifyError(f"{name}: size {size} != manifest {entry.get('size')} (truncated?)")
-        if checksums and sha256_file(path) != entry.get("sha256"):
+        digest = entry.get("sha256")
+        if not isinstance(digest, str) or not _SHA256.match(digest):
+            raise VerifyError(f"{name}: malformed SHA-256 in the manifest")
+        if checksums and sha256_file(path) != digest:
             raise VerifyError(f"{name}: SHA-256 mismatch (corrupted)")
     return manifest
-
-
-def verification_problem(ckpt_dir: Path, checksums: bool) -> str | None:
-    """None if the checkpoint verifies, else why not. Every way a checkpoint can fail to parse or read
-    is a verification failure of that checkpoint, never an exception for the caller."""
-    try:
-        verify(ckpt_dir, checksums)
-    except VerifyError as err:
-        return str(err)
-    except (OSError, ValueError, TypeError, AttributeError, RecursionError) as err:
-        return f"unreadable: {type(err).__name__}: {err}"
-    return None

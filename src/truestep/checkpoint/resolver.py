@@ -10,11 +10,12 @@ Resume rules, judged from what is on disk:
   corrupted: refuse (unless `checkpoint.allow_fresh_start`), on every restart, until a human decides;
 - if none verifies and no marker exists, nothing was ever committed (a fault during the first save):
   start from step 0, with a `fresh_start` event and a console line saying what was quarantined.
+- an entry named like a checkpoint that is not a real directory (a symlink, a file) is never read or
+  written through: it is moved to quarantine/ first, so the save of that step cannot follow it.
 """
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 from collections.abc import Callable
@@ -30,26 +31,22 @@ from truestep.checkpoint.catalog import (
     step_dir_name,
     step_dirs,
     step_of,
+    stray_step_entries,
     supersede,
 )
-from truestep.checkpoint.manifest import verification_problem
+from truestep.checkpoint.errors import CheckpointNotFound, ResumeError
+from truestep.checkpoint.integrity import verification_problem
 from truestep.config.schema import CheckpointConfig
-from truestep.core.errors import RefusedError
-from truestep.core.fsio import make_dir
+from truestep.core.errors import RefusedError, TruestepError, os_error_line, storage_error
+from truestep.core.fsio import check_writable, make_dir
 from truestep.parallel.dist import DistContext, broadcast_int
 from truestep.telemetry.run_logs import RunLogs
+
+__all__ = ["CheckpointNotFound", "ResumeError"]
 
 NO_CHECKPOINT = -1
 NONE_VERIFIED = -2
 REFUSED = -3
-
-
-class ResumeError(RefusedError):
-    """Resuming is impossible or unsafe; the message says what to do."""
-
-
-class CheckpointNotFound(RefusedError):
-    """A path given as a checkpoint holds no checkpoint that verifies."""
 
 
 def quarantine_logged(ckpt_dir: Path, reason: str, logs: RunLogs) -> Path:
@@ -59,8 +56,15 @@ def quarantine_logged(ckpt_dir: Path, reason: str, logs: RunLogs) -> Path:
     return target
 
 
+def _set_aside_strays(root: Path, logs: RunLogs) -> None:
+    """Quarantine step-named entries that are not real directories (symlinks, files): never checkpoints."""
+    for entry in stray_step_entries(root):
+        quarantine_logged(entry, "not a real directory (a symlink or a file): never a checkpoint", logs)
+
+
 def pick_resume(root: Path, cfg: CheckpointConfig, logs: RunLogs) -> int:
     """Rank-0 side: newest complete step, NO_CHECKPOINT, or NONE_VERIFIED."""
+    _set_aside_strays(root, logs)
     candidates = step_dirs(root)
     if candidates and not cfg.atomic_commit:
         # Ablation: the naive rule "the directory exists, so it is complete".
@@ -99,8 +103,11 @@ def decide_on_rank0(decide: Callable[[], int], ctx: DistContext) -> int:
     if ctx.is_main:
         try:
             choice = decide()
-        except (RefusedError, OSError) as err:
+        except TruestepError as err:
             error, choice = err, REFUSED
+        except OSError as err:  # the filesystem, not a bug: one line, and a code that says which
+            refusal = storage_error(err, "checkpoint directory") or RefusedError(os_error_line(err))
+            error, choice = refusal.with_traceback(err.__traceback__), REFUSED
     choice = broadcast_int(choice, ctx)
     if choice == REFUSED:
         if error is not None:
@@ -113,9 +120,7 @@ def _check_writable(root: Path) -> None:
     """Find an unwritable checkpoint directory now, not at the first save after the work is done."""
     try:
         make_dir(root)
-        probe = root / f".write-probe.{os.getpid()}"
-        probe.write_bytes(b"")
-        probe.unlink()
+        check_writable(root)
     except OSError as err:
         raise ResumeError(f"checkpoint directory {root} is not writable: {err.strerror or err}") from err
 
@@ -123,6 +128,7 @@ def _check_writable(root: Path) -> None:
 def _set_aside_for_fresh_start(root: Path, cfg: CheckpointConfig, logs: RunLogs) -> int:
     """resume=false: refuse to write over another trajectory's committed checkpoints unless told to
     (`overwrite`), and then move them to superseded/ (kept) so no later resume mixes the two."""
+    _set_aside_strays(root, logs)
     committed = committed_dirs(root)
     if committed and not cfg.overwrite:
         raise ResumeError(
@@ -147,7 +153,9 @@ def resolve_start(root: Path, cfg: CheckpointConfig, ctx: DistContext, logs: Run
 
     def decide() -> int:
         _check_writable(root)
-        return pick_resume(root, cfg, logs) if cfg.resume else _set_aside_for_fresh_start(root, cfg, logs)
+        if not cfg.resume:
+            return _set_aside_for_fresh_start(root, cfg, logs)
+        return pick_resume(root, cfg, logs)
 
     choice = decide_on_rank0(decide, ctx)
     if choice == NONE_VERIFIED:

@@ -1,29 +1,53 @@
-"""DCP reading without arbitrary unpickling.
+"""DCP reading without arbitrary unpickling, outside paths, hangs or believed sizes.
 
-Stock DCP `pickle.load`s the `.metadata` file and `torch.load(weights_only=False)`s every non-tensor
-item. A planted payload would run code. Here `.metadata` goes through an unpickler that resolves only
-DCP's own metadata classes and a few inert torch/pathlib types, and byte items load with
-`weights_only=True`. Anything else is refused with `UnsafeCheckpointError` before it can execute.
+Stock DCP `pickle.load`s the `.metadata` file, `torch.load(weights_only=False)`s every non-tensor item,
+opens whatever path the metadata names and copies a stored tensor into its target in whatever dtype it
+was stored. Here:
 
-`single_process()` silences the one DCP warning that says it runs without a process group, around the
-calls that do so on purpose (a one-process run, export, import); nothing is filtered at import time.
+- `.metadata` is read as a bounded regular file (never a FIFO or symlink) and goes through an unpickler
+  that resolves only DCP's own metadata classes and a few inert torch/pathlib types; the result must pass
+  `dcp_checks.check_metadata` (plain storage names of regular files inside the checkpoint, byte ranges
+  inside them, declared sizes backed by stored bytes);
+- data is read only from those files (opened with no-follow, non-blocking semantics), every stored tensor
+  must have exactly the dtype and chunk shape the metadata declares, and byte items load with
+  `weights_only=True`.
+
+Anything else is refused with `UnsafeCheckpointError` (a `CheckpointContentError`: the checkpoint itself
+is bad) before it can execute, hang or allocate. `single_process()` silences the one DCP warning that says
+it runs without a process group, around the calls that do so on purpose.
 """
 
 from __future__ import annotations
 
 import io
+import os
 import pickle
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed._shard._utils import narrow_tensor_by_index
 from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint._traverse import set_element
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
-from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
-from torch.distributed.checkpoint.planner import ReadItem
+from torch.distributed.checkpoint.metadata import Metadata, StorageMeta, TensorStorageMetadata
+from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner, ReadItem
+from torch.distributed.checkpoint.utils import _create_file_view
+from torch.futures import Future
+
+from truestep.checkpoint.catalog import DCP_METADATA
+from truestep.checkpoint.dcp_checks import MetadataProblem, check_metadata
+from truestep.checkpoint.errors import CheckpointContentError, TensorMismatchError
+from truestep.core.errors import TruestepError, causes
+from truestep.core.fsio import OversizeFileError, UnsafePathError, open_regular, plain_file_name, read_regular
+
+MAX_METADATA_BYTES = 1 << 30
+"""DCP metadata of a 70B model on thousands of ranks is tens of MB; beyond this it is not metadata."""
 
 
 @contextmanager
@@ -36,8 +60,9 @@ def single_process() -> Iterator[None]:
         yield
 
 
-class UnsafeCheckpointError(RuntimeError):
-    """A checkpoint file asked to import something truestep does not allow."""
+class UnsafeCheckpointError(CheckpointContentError):
+    """A checkpoint file asked for something truestep does not allow (code, outside paths, sizes or
+    dtypes its own bytes contradict)."""
 
 
 _ALLOWED = {
@@ -75,6 +100,7 @@ class _MetadataUnpickler(pickle.Unpickler):
 
 
 def safe_load_metadata(data: bytes) -> Metadata:
+    """Unpickle DCP metadata with the allow-list (structure not yet checked: see `read_dcp_metadata`)."""
     try:
         metadata = _MetadataUnpickler(io.BytesIO(data)).load()
     except UnsafeCheckpointError:
@@ -86,24 +112,138 @@ def safe_load_metadata(data: bytes) -> Metadata:
     return metadata
 
 
+def read_dcp_metadata(ckpt_dir: Path) -> Metadata:
+    """The checked DCP metadata of `ckpt_dir`; UnsafeCheckpointError saying why it is unusable, or
+    FileNotFoundError when there is none."""
+    path = Path(ckpt_dir) / DCP_METADATA
+    try:
+        data = read_regular(path, MAX_METADATA_BYTES)
+    except (UnsafePathError, OversizeFileError) as err:
+        raise UnsafeCheckpointError(
+            f"{DCP_METADATA}: {err.strerror if isinstance(err, OSError) else err}"
+        ) from None
+    metadata = safe_load_metadata(data)
+    try:
+        return check_metadata(metadata, Path(ckpt_dir))
+    except (MetadataProblem, TypeError, AttributeError, OverflowError) as err:
+        raise UnsafeCheckpointError(f"{DCP_METADATA}: {err}") from err
+
+
 class SafeFileSystemReader(FileSystemReader):
-    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
-        path = self._get_metadata_path(kwargs.get("rank"))
-        with self.fs.create_stream(path, "rb") as stream:
-            metadata = safe_load_metadata(stream.read())
+    """FileSystemReader that reads only checked metadata and only what it declares (module docstring)."""
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        super().__init__(path)
+        self._declared: dict[str, TensorStorageMetadata] = {}
+
+    def read_metadata(self, *args: Any) -> Metadata:  # no **kwargs: never DCP's rank-local fallback
+        metadata = read_dcp_metadata(Path(self.path))
         if getattr(metadata, "storage_meta", None) is None:
             metadata.storage_meta = StorageMeta()
         metadata.storage_meta.load_id = self.load_id
         return metadata
+
+    def set_up_storage_reader(
+        self, metadata: Metadata, is_coordinator: bool, *args: Any, **kwargs: Any
+    ) -> None:
+        super().set_up_storage_reader(metadata, is_coordinator, *args, **kwargs)
+        self._declared = {
+            fqn: item
+            for fqn, item in metadata.state_dict_metadata.items()
+            if isinstance(item, TensorStorageMetadata)
+        }
+
+    def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
+        per_file: dict[str, list[ReadItem]] = {}
+        for item in plan.items:
+            per_file.setdefault(self.storage_data[item.storage_index].relative_path, []).append(item)
+        for name, items in per_file.items():
+            if not plain_file_name(name):  # checked with the metadata; never open anything else
+                raise UnsafeCheckpointError(f"storage path {name!r} is not a plain file name")
+            try:
+                fd = open_regular(Path(self.path) / name)
+            except UnsafePathError as err:
+                raise UnsafeCheckpointError(f"storage file {name}: {err.strerror}") from None
+            with os.fdopen(fd, "rb") as stream:
+                for item in items:
+                    self._read_item(stream, item, planner)
+        done: Future[None] = Future()
+        done.set_result(None)
+        return done
+
+    def _read_item(self, stream: io.BufferedReader, item: ReadItem, planner: LoadPlanner) -> None:
+        info = self.storage_data[item.storage_index]
+        view = _create_file_view(stream, info.offset, info.length)
+        fqn = item.storage_index.fqn
+        if item.type == LoadItemType.BYTE_IO:
+            planner.load_bytes(item, io.BytesIO(view.read(-1)))
+            return
+        try:
+            stored = torch.load(view, map_location="cpu", weights_only=True)
+        except Exception as err:  # UnpicklingError, EOFError, RuntimeError (zip): the bytes are bad
+            raise UnsafeCheckpointError(
+                f"{fqn}: stored bytes do not load: {type(err).__name__}: {err}"
+            ) from err
+        declared = self._declared.get(fqn)
+        chunk = (
+            next(
+                (c for c in declared.chunks if tuple(c.offsets) == tuple(item.storage_index.offset or ())),
+                None,
+            )
+            if declared
+            else None
+        )
+        if not isinstance(stored, torch.Tensor) or declared is None or chunk is None:
+            raise UnsafeCheckpointError(f"{fqn}: stored item is not the tensor chunk the metadata declares")
+        if stored.dtype != declared.properties.dtype:
+            raise UnsafeCheckpointError(
+                f"{fqn}: stored as {str(stored.dtype).removeprefix('torch.')}, the metadata declares "
+                f"{str(declared.properties.dtype).removeprefix('torch.')}"
+            )
+        if tuple(stored.shape) != tuple(chunk.sizes):
+            raise UnsafeCheckpointError(
+                f"{fqn}: stored chunk has shape {list(stored.shape)}, the metadata declares {list(chunk.sizes)}"
+            )
+        piece = narrow_tensor_by_index(stored, item.storage_offsets, item.lengths)
+        target = planner.resolve_tensor(item).detach()
+        if target.size() != piece.size():
+            raise TensorMismatchError(
+                f"{fqn}: the checkpoint holds {list(piece.size())}, the model expects {list(target.size())}"
+            )
+        target.copy_(piece)
+        planner.commit_tensor(item, target)
 
 
 class SafeLoadPlanner(DefaultLoadPlanner):
     def load_bytes(self, read_item: ReadItem, value: io.BytesIO) -> None:
         try:
             obj = torch.load(value, weights_only=True)
-        except pickle.UnpicklingError as err:
+        except Exception as err:  # UnpicklingError for code, EOFError/RuntimeError for garbage
             raise UnsafeCheckpointError(f"checkpoint item {read_item.dest_index.fqn} refused: {err}") from err
         if self.flatten_state_dict:
             set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], obj)
         else:
             self.state_dict[read_item.dest_index.fqn] = obj
+
+
+def load_dcp(state: dict[str, Any], ckpt_dir: Path, no_dist: bool = False) -> None:
+    """`dcp.load` through the safe reader and planner, into `state` in place (collective unless
+    `no_dist`). DCP wraps every rank's failure in a CheckpointException (a BaseException, its message a
+    list of tracebacks); this re-raises the failure itself: a TruestepError (UnsafeCheckpointError,
+    TensorMismatchError, ...) or an OSError as they are, anything else as it was raised."""
+    try:
+        with single_process():
+            dcp.load(
+                state,
+                storage_reader=SafeFileSystemReader(ckpt_dir),
+                planner=SafeLoadPlanner(),
+                no_dist=no_dist,
+            )
+    except CheckpointException as err:
+        inner = [c for c in causes(err) if not isinstance(c, CheckpointException)]
+        chosen = next(
+            (c for c in inner if isinstance(c, TruestepError | OSError)), inner[0] if inner else None
+        )
+        if chosen is None:
+            raise
+        raise chosen from err

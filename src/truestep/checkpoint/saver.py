@@ -12,38 +12,70 @@ A crash anywhere before 3 completes leaves a directory without a valid marker: n
 
 from __future__ import annotations
 
+import os
 import shutil
+import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemWriter
+from torch.distributed.checkpoint.filesystem import FileSystem
 
 from truestep.checkpoint.catalog import LATEST, committed_dirs, step_dir_name, step_of
-from truestep.checkpoint.manifest import read_marker, write_manifest, write_marker
+from truestep.checkpoint.manifest import VerifyError, read_marker, write_manifest, write_marker
 from truestep.checkpoint.safe_dcp import single_process
 from truestep.checkpoint.state import Checkpointable, write_rank_state
 from truestep.config.schema import CheckpointConfig
-from truestep.core.errors import FencedError
-from truestep.core.fsio import atomic_write, make_dir
+from truestep.core.errors import FencedError, RefusedError, os_error_line, storage_error
+from truestep.core.fsio import atomic_write, make_dir, open_for_write
 from truestep.faults.hooks import fault_point
 from truestep.parallel.dist import DistContext
 from truestep.telemetry.run_logs import RunLogs
 
 
+@contextmanager
+def _writing(ckpt_dir: Path) -> Iterator[None]:
+    """A write the filesystem refuses (full disk, quota, read-only) as a StorageError saying where: DCP
+    reports it as a CheckpointException whose OSError carries no file name."""
+    try:
+        yield
+    except BaseException as err:
+        storage = storage_error(err, f"writing checkpoint {ckpt_dir}")
+        if storage is not None:
+            raise storage from err
+        raise
+
+
+class _NoFollowFileSystem(FileSystem):
+    """DCP's file system with writes that never follow a symlink nor open a FIFO (core/fsio.py): a link
+    planted at `step_XXXXXXXX/__0_0.distcp` is refused, not written through."""
+
+    @contextmanager
+    def create_stream(self, path: str | os.PathLike, mode: str) -> Iterator[IO[bytes]]:
+        if mode != "wb":
+            with super().create_stream(path, mode) as stream:
+                yield stream
+            return
+        with open_for_write(Path(path)) as stream:
+            yield stream
+
+
 class _ShardWriter(FileSystemWriter):
-    """FileSystemWriter with the `save:mid-shards` fault point: this rank's shards are on disk,
-    the coordinator's `.metadata` is not."""
+    """FileSystemWriter with the `save:mid-shards` fault point (this rank's shards are on disk, the
+    coordinator's `.metadata` is not) and no-follow writes."""
 
     def __init__(self, path: Path, step: int) -> None:
         super().__init__(path, sync_files=True)
+        self.fs = _NoFollowFileSystem()
         self.step = step
 
     def write_data(self, plan, planner):  # type: ignore[no-untyped-def]
@@ -112,7 +144,7 @@ class Checkpointer:
         write_rank_state(ckpt_dir, self.ctx, states.rank_state(), self.trajectory_keys)
         state = states.dcp_state_dict(with_optimizer=True)
         writer = _ShardWriter(ckpt_dir, step)
-        with single_process():  # a one-process run saves without a process group on purpose
+        with single_process(), _writing(ckpt_dir):  # one process saves without a process group on purpose
             if self.cfg.async_save:
                 future = dcp.async_save(state, storage_writer=writer, process_group=self.group)
             else:
@@ -163,7 +195,8 @@ class Checkpointer:
     def _finish(self, background: bool) -> None:
         assert self.pending is not None
         pending, self.pending = self.pending, None
-        pending.future.result()  # re-raises a failed write loudly
+        with _writing(pending.ckpt_dir):
+            pending.future.result()  # re-raises a failed write loudly
         fault_point("save:after-shards", step=pending.step)
         self.logs.event(
             "checkpoint_written", step=pending.step, write_s=time.perf_counter() - pending.started
@@ -189,6 +222,9 @@ class Checkpointer:
             err, self._commit_error = self._commit_error, None
             if isinstance(err, FencedError):
                 raise err
+            storage = storage_error(err, "committing a checkpoint")
+            if storage is not None:
+                raise storage from err
             raise RuntimeError(f"committing a checkpoint failed: {err}") from err
 
     def _check_fence(self) -> None:
@@ -207,7 +243,13 @@ class Checkpointer:
         started = time.perf_counter()
         if self.cfg.atomic_commit:
             fault_point("save:before-manifest", step=pending.step)
-            manifest = write_manifest(pending.ckpt_dir, pending.step)
+            try:
+                manifest = write_manifest(pending.ckpt_dir, pending.step)
+            except VerifyError as err:  # a symlink or FIFO appeared among the files being committed
+                raise RefusedError(
+                    f"not committing {pending.ckpt_dir}: {err}; something other than this run writes into "
+                    "its checkpoint directory"
+                ) from err
             fault_point("save:before-marker", step=pending.step)
             self._check_fence()
             write_marker(pending.ckpt_dir, pending.step, manifest, self.incarnation)
@@ -222,5 +264,11 @@ class Checkpointer:
         if keep <= 0:
             return
         for old in committed_dirs(self.root)[keep:]:
-            shutil.rmtree(old)
+            try:
+                shutil.rmtree(old)
+            except OSError as err:  # e.g. swapped for a symlink meanwhile: keep training, say so
+                why = os_error_line(err, f"could not remove {old.name} (keep_last_n={keep})")
+                self.logs.event("checkpoint_remove_failed", step=step_of(old), error=why)
+                print(f"truestep train: warning: {why}", file=sys.stderr, flush=True)
+                continue
             self.logs.event("checkpoint_removed", step=step_of(old), reason=f"keep_last_n={keep}")

@@ -17,15 +17,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
-from truestep.checkpoint.catalog import rank_state_name
+from truestep.checkpoint.catalog import is_rank_state_name, rank_state_name
+from truestep.checkpoint.errors import ResumeError, TensorMismatchError
 from truestep.checkpoint.manifest import VerifyError, read_json
-from truestep.checkpoint.resolver import ResumeError
-from truestep.checkpoint.safe_dcp import SafeFileSystemReader, SafeLoadPlanner
+from truestep.checkpoint.safe_dcp import load_dcp
 from truestep.config.fingerprint import diff_keys, fingerprint
 from truestep.config.schema import CheckpointConfig
+from truestep.core.errors import RefusedError
 from truestep.core.fsio import atomic_write
 from truestep.parallel.dist import DistContext
 from truestep.telemetry.run_logs import RunLogs
@@ -108,6 +108,8 @@ def read_rank_state(ckpt_dir: Path, rank: int) -> SavedRankState:
     saved = read_json(path)
     if not isinstance(saved, dict) or saved.get("format") != RANK_STATE_FORMAT or saved.get("version") != 1:
         raise VerifyError(f"{path.name} is not a truestep rank-state file (v1)")
+    if saved.get("rank") != rank or isinstance(saved.get("rank"), bool):
+        raise VerifyError(f"{path.name} records rank {saved.get('rank')!r:.40}")
     tables = {k: saved.get(k) for k in ("layout", "train_state", "loader", "rng", "config_keys")}
     missing = [k for k, v in tables.items() if not isinstance(v, dict)]
     if missing:
@@ -120,6 +122,33 @@ def read_rank_state(ckpt_dir: Path, rank: int) -> SavedRankState:
         config_fingerprint=fp if isinstance(fp, str) else None,
         state=RankState(tables["train_state"], tables["loader"], tables["rng"]),
     )
+
+
+def rank_state_problem(ckpt_dir: Path, step: int | None) -> str | None:
+    """Why the rank-state files of a checkpoint contradict each other or its directory, else None.
+
+    Every rank file must parse and record the directory's step (a directory renamed from step 4 to step 8,
+    or a rank file claiming step 10^9, is not that checkpoint), and the files must be exactly rank 0 to
+    world_size - 1 of the recorded layout (a resume at the same layout reads each rank's own file).
+    A weights-only checkpoint has no rank files: nothing to check here.
+    """
+    names = sorted(p.name for p in ckpt_dir.iterdir() if is_rank_state_name(p.name))
+    if not names:
+        return None
+    first = read_rank_state(ckpt_dir, 0) if rank_state_name(0) in names else None
+    if first is None:
+        return f"{rank_state_name(0)} is missing"
+    world = first.layout.get("world_size")
+    if not isinstance(world, int) or isinstance(world, bool) or world < 1:
+        return f"{rank_state_name(0)} records world_size {world!r:.40}"
+    if names != [rank_state_name(r) for r in range(world)]:
+        return f"{len(names)} rank-state files for world_size {world}"
+    for rank in range(world):
+        saved = first if rank == 0 else read_rank_state(ckpt_dir, rank)
+        if saved.step != step or isinstance(saved.state.train_state.get("step"), bool):
+            found = saved.state.train_state.get("step")
+            return f"{rank_state_name(rank)} records step {found!r:.40}, the directory and marker say {step}"
+    return None
 
 
 def _read_for_resume(ckpt_dir: Path, rank: int) -> SavedRankState:
@@ -141,6 +170,21 @@ def check_config(saved: SavedRankState, current_keys: dict[str, Any], allow_chan
     return differences
 
 
+def _raise_load_error(ckpt_dir: Path, err: BaseException) -> None:
+    """A failed load as the refusal it is: the checkpoint's own bytes (CheckpointContentError, raised
+    as is: the caller quarantines and falls back), a model that does not fit it, or an I/O error."""
+    if isinstance(err, RefusedError | OSError) and not isinstance(err, TensorMismatchError):
+        raise err
+    if isinstance(err, TensorMismatchError):
+        raise ResumeError(
+            f"{ckpt_dir} does not fit the configured model ({err}); the config changed in a way that changes "
+            "shapes: restore it or start a new run directory"
+        ) from err
+    raise ResumeError(
+        f"{ckpt_dir} cannot be loaded into the configured model: {type(err).__name__}: {err}"
+    ) from err
+
+
 def restore(
     states: Checkpointable,
     ckpt_dir: Path,
@@ -157,10 +201,10 @@ def restore(
     state = states.dcp_state_dict(with_optimizer=cfg.restore_optimizer_state)
     weights_restored = True
     try:
-        dcp.load(state, storage_reader=SafeFileSystemReader(ckpt_dir), planner=SafeLoadPlanner())
+        load_dcp(state, ckpt_dir)
     except (Exception, CheckpointException) as err:  # DCP's CheckpointException is a BaseException
         if cfg.atomic_commit:
-            raise
+            _raise_load_error(ckpt_dir, err)
         # Ablation of atomic_commit: reproduce the naive trainer that trusts a torn directory, loads
         # what is there and carries on (strict=False style). Loud in the event log, silent in training.
         weights_restored = False
@@ -176,7 +220,16 @@ def restore(
         policy = RngPolicy.REDERIVED
     mine = shared if ctx.rank == 0 or policy != RngPolicy.RESTORED else _read_for_resume(ckpt_dir, ctx.rank)
     own = RankState(shared.state.train_state, shared.state.data_position, mine.state.rng)
-    states.load_rank_state(own, data_position=cfg.restore_data_position, rng=policy)
+    try:
+        states.load_rank_state(own, data_position=cfg.restore_data_position, rng=policy)
+    except (KeyError, TypeError, ValueError, IndexError) as err:  # malformed streams or data position
+        if isinstance(err, RefusedError):
+            raise
+        refusal = ResumeError(
+            f"{ckpt_dir}: the rank state of rank {ctx.rank} does not load: {type(err).__name__}: {err}"
+        )
+        refusal.rank_local = True
+        raise refusal from err
     return {
         "step": shared.step,
         "layout_changed": not same_layout,

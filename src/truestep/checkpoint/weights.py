@@ -1,33 +1,37 @@
 """Model weights of a checkpoint without a process group: what tensors it holds, reading them into
 full tensors, and the model config they were saved with.
 
-Weights are read through `safe_dcp` (no arbitrary unpickling) with `no_dist=True`, into plain full
-tensors allocated from the DCP metadata: DCP reassembles whatever layout (FSDP shards, TP shards, one
-process) the checkpoint was saved with. Used by export, `init_from`, generation and inspection.
+Weights are read through `safe_dcp` (no arbitrary unpickling, confined paths) with `no_dist=True`, into
+plain full tensors allocated from the DCP metadata: DCP reassembles whatever layout (FSDP shards, TP
+shards, one process) the checkpoint was saved with. Used by export, `init_from`, generation and inspection.
+
+Nothing a checkpoint declares is believed before it is checked: the recorded model config must pass the
+config rules (`validate_model`) and its layer count must match the layers actually stored before a model
+is built for the shape comparison; the metadata's declared tensor sizes are bounded by the bytes on disk
+(`dcp_checks`) before a tensor is allocated for them.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
+from truestep.checkpoint.errors import CheckpointContentError
 from truestep.checkpoint.manifest import VerifyError, read_json
-from truestep.checkpoint.safe_dcp import (
-    SafeFileSystemReader,
-    SafeLoadPlanner,
-    UnsafeCheckpointError,
-    single_process,
-)
+from truestep.checkpoint.safe_dcp import load_dcp, read_dcp_metadata
 from truestep.checkpoint.state import read_rank_state
+from truestep.config.errors import ConfigError
+from truestep.config.load import coerce_table
 from truestep.config.schema import ModelConfig
+from truestep.config.validate import validate_model
 from truestep.core.errors import RefusedError
 from truestep.model.llama import Transformer
 
@@ -52,19 +56,34 @@ class TensorMeta:
         return math.prod(self.shape) * torch.empty((), dtype=self.dtype).element_size()
 
 
+_LAYER = re.compile(r"^layers\.(\d+)\.")
+
+
 def model_config_from_keys(keys: dict[str, Any], where: Path) -> ModelConfig:
+    """The ModelConfig recorded as flat `model.*` keys, type-checked and validated like a config file
+    (unknown keys, from a newer truestep, are ignored)."""
     known = {f.name for f in dataclasses.fields(ModelConfig)}
-    values = {k[len(MODEL_PREFIX) :]: v for k, v in keys.items() if k.startswith(MODEL_PREFIX)}
+    values = {
+        k[len(MODEL_PREFIX) :]: v
+        for k, v in keys.items()
+        if isinstance(k, str) and k.startswith(MODEL_PREFIX)
+    }
     if not values:
         raise WeightsError(f"{where} records no model.* config keys")
-    return ModelConfig(**{k: v for k, v in values.items() if k in known})
+    cfg = ModelConfig()
+    try:
+        coerce_table(cfg, {k: v for k, v in values.items() if k in known}, str(where), "model")
+        validate_model(cfg)
+    except ConfigError as err:
+        raise WeightsError(f"{where}: the recorded model config is invalid: {err}") from None
+    return cfg
 
 
 def read_model_config(ckpt_dir: Path) -> ModelConfig:
     """The model config a checkpoint was saved with: interop.json (imported weights) or rank00000.json."""
     info = ckpt_dir / WEIGHTS_INFO_FILE
     try:
-        if info.is_file():
+        if info.is_file() or info.is_symlink():
             saved = read_json(info)
             keys = saved.get("config_keys") if isinstance(saved, dict) else None
             if not isinstance(keys, dict):
@@ -102,11 +121,11 @@ def model_overrides(cfg: ModelConfig) -> list[str]:
 def model_tensor_meta(ckpt_dir: Path) -> dict[str, TensorMeta]:
     """truestep FQN -> (full shape, dtype) of every model tensor stored in the checkpoint, by name."""
     try:
-        metadata = SafeFileSystemReader(ckpt_dir).read_metadata()
-    except UnsafeCheckpointError as err:
+        metadata = read_dcp_metadata(ckpt_dir)
+    except CheckpointContentError as err:
         raise WeightsError(f"{ckpt_dir}: {err}") from err
     except OSError as err:
-        raise WeightsError(f"{ckpt_dir}: cannot read DCP metadata: {err}") from err
+        raise WeightsError(f"{ckpt_dir}: cannot read DCP metadata: {err.strerror or err}") from err
     found = {}
     for key, item in metadata.state_dict_metadata.items():
         if key.startswith(MODEL_PREFIX) and isinstance(item, TensorStorageMetadata):
@@ -129,19 +148,38 @@ def load_model_tensors(
     if into is None:
         meta = meta if meta is not None else model_tensor_meta(ckpt_dir)
         wanted = list(meta) if fqns is None else fqns
-        into = {fqn: torch.empty(meta[fqn].shape, dtype=meta[fqn].dtype) for fqn in wanted}
+        into = allocate(meta, wanted, ckpt_dir)
     if into:
         try:
-            with single_process():
-                dcp.load(
-                    {"model": into},
-                    storage_reader=SafeFileSystemReader(ckpt_dir),
-                    planner=SafeLoadPlanner(),
-                    no_dist=True,
-                )
-        except UnsafeCheckpointError as err:
+            load_dcp({"model": into}, ckpt_dir, no_dist=True)
+        except CheckpointContentError as err:
             raise WeightsError(f"{ckpt_dir}: {err}") from err
+        except RefusedError:
+            raise
+        except (RuntimeError, ValueError, KeyError) as err:  # e.g. a key the metadata does not hold
+            raise WeightsError(f"{ckpt_dir}: the weights do not load: {type(err).__name__}: {err}") from err
     return into
+
+
+def allocate(meta: dict[str, TensorMeta], fqns: list[str], where: Path) -> dict[str, torch.Tensor]:
+    """Empty CPU tensors for `fqns` (sizes already bounded by the bytes on disk, see dcp_checks); a
+    WeightsError saying how much, not an allocator traceback, when memory runs out."""
+    try:
+        return {fqn: torch.empty(meta[fqn].shape, dtype=meta[fqn].dtype) for fqn in fqns}
+    except (RuntimeError, MemoryError) as err:  # torch: "DefaultCPUAllocator: can't allocate memory"
+        total = sum(meta[fqn].nbytes for fqn in fqns)
+        raise WeightsError(
+            f"{where}: not enough memory for its weights ({total / 2**30:.1f} GiB): {str(err).splitlines()[0]}"
+        ) from err
+
+
+def layer_count_problem(
+    meta: dict[str, TensorMeta], n_layers: int, stored: str = "checkpoint", wanted: str = "model expects"
+) -> str | None:
+    """The layer count a config declares against the layers actually stored, compared before anything
+    is built for the config (a config declaring 100000 layers is answered at once)."""
+    held = _layer_count(meta)
+    return None if held == n_layers else f"{wanted} {n_layers} layers, the {stored} holds {held}"
 
 
 def shape_problems(
@@ -151,8 +189,13 @@ def shape_problems(
     stored: str = "checkpoint",
     wanted: str = "model expects",
 ) -> list[str]:
-    """Differences between stored tensors and the expected {fqn: shape}, one line per key (named by `name`)."""
+    """Differences between stored tensors and the expected {fqn: shape}, one line per key (named by `name`);
+    a differing layer count comes first, as one line. (Callers that build `expected` from an untrusted
+    config call `layer_count_problem` first, so `expected` never holds 100000 layers here.)"""
     problems = []
+    stored_layers, wanted_layers = _layer_count(meta), _layer_count(expected)
+    if stored_layers != wanted_layers:
+        problems.append(f"{wanted} {wanted_layers} layers, the {stored} holds {stored_layers}")
     for fqn, shape in expected.items():
         if fqn not in meta:
             problems.append(f"{name(fqn)}: missing from the {stored} ({wanted} {list(shape)})")
@@ -164,17 +207,49 @@ def shape_problems(
     return problems
 
 
+def _layer_count(tensors: dict[str, Any]) -> int:
+    return len({m.group(1) for fqn in tensors if (m := _LAYER.match(fqn))})
+
+
+def problem_list(problems: list[str], limit: int = 8) -> str:
+    """Problems as one line: the first `limit`, then how many more (an error is one line on stderr)."""
+    more = f"; ... ({len(problems) - limit} more)" if len(problems) > limit else ""
+    return "; ".join(problems[:limit]) + more
+
+
 def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """{fqn: shape} of the persistent state of a Transformer(cfg), built on the meta device."""
-    with torch.device("meta"):
-        model = Transformer(cfg)
-    return {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    """{fqn: shape} of the persistent state of a Transformer(cfg).
+
+    Built on the meta device with one layer, whose shapes every layer repeats: the cost does not grow
+    with `n_layers` (a config declaring 100000 layers is answered in milliseconds, not minutes and GBs).
+    A config whose sizes cannot even be described (overflowing element counts) is a WeightsError.
+    """
+    try:
+        with torch.device("meta"):
+            model = Transformer(dataclasses.replace(cfg, n_layers=1))
+    except (RuntimeError, ValueError, OverflowError) as err:
+        raise WeightsError(f"the model config describes tensors that cannot exist: {err}") from err
+    before: dict[str, tuple[int, ...]] = {}
+    layer: dict[str, tuple[int, ...]] = {}
+    after: dict[str, tuple[int, ...]] = {}
+    for fqn, value in model.state_dict().items():
+        match = _LAYER.match(fqn)
+        if match is not None:
+            layer[fqn[match.end() :]] = tuple(value.shape)
+        else:
+            (after if layer else before)[fqn] = tuple(value.shape)
+    shapes = dict(before)
+    for index in range(cfg.n_layers):
+        shapes.update({f"layers.{index}.{rest}": shape for rest, shape in layer.items()})
+    shapes.update(after)
+    return shapes
 
 
 def check_config_fits(ckpt_dir: Path, cfg: ModelConfig, meta: dict[str, TensorMeta]) -> None:
-    problems = shape_problems(meta, expected_shapes(cfg))
+    layers = layer_count_problem(meta, cfg.n_layers)
+    problems = [layers] if layers else shape_problems(meta, expected_shapes(cfg))
     if problems:
         raise WeightsError(
             f"{ckpt_dir}: the stored weights do not match the model config recorded with them: "
-            + "; ".join(problems[:20])
+            + problem_list(problems)
         )

@@ -13,7 +13,8 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemWriter
 
 from truestep.checkpoint.catalog import step_dir_name, step_of
-from truestep.checkpoint.manifest import verify, write_manifest, write_marker
+from truestep.checkpoint.integrity import verify
+from truestep.checkpoint.manifest import write_manifest, write_marker
 from truestep.checkpoint.safe_dcp import single_process
 from truestep.checkpoint.weights import WEIGHTS_INFO_FILE, weights_info
 from truestep.config.schema import ModelConfig

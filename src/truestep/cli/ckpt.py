@@ -19,6 +19,7 @@ from truestep.checkpoint.inspect import (
     is_checkpoint_dir,
     list_checkpoints,
 )
+from truestep.core.errors import os_error_line
 
 
 class _UsageError(Exception):
@@ -187,6 +188,6 @@ def ckpt_main(argv: list[str]) -> int:
     except _UsageError as err:
         print(f"truestep ckpt {args.action}: {err}", file=sys.stderr)
         return 2
-    except OSError as err:
-        print(f"truestep ckpt {args.action}: {err}", file=sys.stderr)
+    except OSError as err:  # e.g. permission denied: one line, still a usage-level error here
+        print(f"truestep ckpt {args.action}: {os_error_line(err)}", file=sys.stderr)
         return 2

@@ -3,8 +3,8 @@
 Single process, CPU, KV cache. The prompt is tokenized with the checkpoint's own tokenizer (the one its
 data was prepared with, or the one an imported model came with) and generation stops at its eos ids.
 
-Exit codes: 0 success; 1 refused (checkpoint does not verify, tokenizer not found, prompt too long for
-the model); 2 usage errors.
+Exit codes: 0 success; 3 refused (checkpoint does not verify, tokenizer not found, prompt too long for
+the model); 2 usage errors; 1 an I/O error.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ import json
 import sys
 from pathlib import Path
 
-from truestep.core.errors import TruestepError
 from truestep.interop.errors import InteropError
 
 
@@ -108,9 +107,7 @@ def generate_main(argv: list[str]) -> int:
         return int(exit_.code or 0)
     try:
         return _run(args)
-    except TruestepError as err:
-        print(f"truestep generate: error: {err}", file=sys.stderr)
-        return int(err.exit_code)
-    except OSError as err:
-        print(f"truestep generate: error: {err}", file=sys.stderr)
-        return 1
+    except Exception as err:
+        from truestep.cli.main import report
+
+        return report("generate", err)

@@ -1,7 +1,8 @@
 """`truestep export CKPT --to hf|torch DEST` and `truestep import-hf HF_DIR --out CKPT_DIR`.
 
 Exit codes: 0 success; 3 refused (checkpoint does not verify, unsupported architecture or config,
-weights that do not fit, destination not empty); 2 usage errors; 1 an I/O error.
+weights that do not fit, destination exists); 2 usage errors; 6 the filesystem refused a write (full,
+read-only); 1 another I/O error. Every expected error is one line on stderr (cli/main.py `report`).
 """
 
 from __future__ import annotations
@@ -10,7 +11,6 @@ import argparse
 import sys
 from pathlib import Path
 
-from truestep.core.errors import TruestepError
 from truestep.interop.dtypes import EXPORT_DTYPES
 from truestep.interop.errors import InteropError
 
@@ -132,16 +132,14 @@ def interop_main(argv: list[str]) -> int:
         print(USAGE, file=sys.stderr)
         return 2
     name, rest = argv[0], argv[1:]
+    from truestep.cli.main import report
+
     try:
         return _export(rest) if name == "export" else _import(rest)
     except SystemExit as exit_:  # argparse printed the usage error (or --help) already
         return int(exit_.code or 0)
-    except TruestepError as err:
-        print(f"truestep {name}: error: {err}", file=sys.stderr)
-        return int(err.exit_code)
-    except OSError as err:
-        print(f"truestep {name}: error: {err}", file=sys.stderr)
-        return 1
+    except Exception as err:
+        return report(name, err)
 
 
 if __name__ == "__main__":

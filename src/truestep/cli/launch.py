@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import argparse
 import os
+from pathlib import Path
 
 from truestep.config.load import load_config
 from truestep.config.validate import validate_layout
 from truestep.core.names import ENV_FAULTS, ENV_JOB_ID
+from truestep.core.rundir import check_run_dir
 from truestep.faults.spec import parse_faults, requested_faults
 from truestep.resilience.lease import job_id
 from truestep.resilience.supervisor import LaunchSpec, run_supervisor
@@ -18,7 +20,8 @@ def launch_main(argv: list[str]) -> int:
         prog="truestep launch",
         description="Run the ranks of one node, detect failures and hangs in seconds, restart from the "
         "newest verified checkpoint. Exit codes: docs/resilience.md (0 finished, 75 preempted: requeue me, "
-        "130 interrupted, 4 run directory in use, 1 gave up).",
+        "130 interrupted, 2 usage, 3 refused input, 4 run directory in use, 5 fenced, 6 filesystem refused a "
+        "write, 1 gave up).",
     )
     parser.add_argument("config", nargs="?", default="tiny", help="TOML file or preset name (default: tiny)")
     parser.add_argument("--nproc", type=int, default=1, help="ranks on this node")
@@ -49,6 +52,7 @@ def launch_main(argv: list[str]) -> int:
     if faults:
         os.environ[ENV_FAULTS] = faults
     validate_layout(cfg, args.nproc * args.nnodes)  # fail here, not in N children
+    check_run_dir(Path(cfg.run.dir))  # before the supervisor writes its first event into it
     job = args.job_id or os.environ.get(ENV_JOB_ID) or os.environ.get("SLURM_JOB_ID")
     if not job:
         job = f"{args.master_addr}:{args.master_port}" if args.nnodes > 1 else job_id()

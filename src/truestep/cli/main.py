@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 from collections.abc import Callable
 
 from truestep.config.errors import ConfigError
-from truestep.core.errors import TruestepError
+from truestep.core.env import world_from_env
+from truestep.core.errors import expected_failure
+from truestep.core.names import ENV_DEBUG
 
 USAGE = """usage: truestep [--debug] COMMAND [ARGS]
 
@@ -87,6 +90,8 @@ def main(argv: list[str] | None = None) -> int:
     debug = bool(argv) and argv[0] == "--debug"
     if debug:
         argv = argv[1:]
+        os.environ[ENV_DEBUG] = "1"  # ranks spawned by `launch` inherit it
+    debug = debug or os.environ.get(ENV_DEBUG) == "1"
     if not argv or argv[0] in ("-h", "--help"):
         print(USAGE)
         return 0 if argv else 2
@@ -103,13 +108,22 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         return _command(name)(rest)
-    except TruestepError as err:
-        if debug:
-            raise
-        # Expected bad input: one line and the documented exit code (docs/resilience.md), no traceback.
-        kind = "config error: " if isinstance(err, ConfigError) else ""
-        print(f"truestep {name}: {kind}{err}", file=sys.stderr)
-        return int(err.exit_code)
+    except Exception as err:
+        return report(name, err, debug)
+
+
+def report(command: str, err: Exception, debug: bool = False) -> int:
+    """Expected bad input (a TruestepError, an OSError such as a full disk): one line on stderr and the
+    documented exit code (docs/resilience.md), no traceback. Anything else, or `--debug`: re-raised.
+    Every rank of a torchrun job loads the same config: only rank 0 says what is wrong with it."""
+    failure = expected_failure(err)
+    if failure is None or debug:
+        raise err
+    code, line = failure
+    kind = "config error: " if isinstance(err, ConfigError) else ""
+    if command != "train" or world_from_env()[0] == 0:
+        print(f"truestep {command}: {kind}{line}", file=sys.stderr)
+    return code
 
 
 if __name__ == "__main__":

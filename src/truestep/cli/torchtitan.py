@@ -4,17 +4,15 @@ A separate command, not an `import-hf` option: the source is a DCP directory, no
 and it records no model config, so the model is given as for `truestep train` (a preset or TOML file
 plus overrides; only the [model] section is used).
 
-Exit codes: 0 success; 1 refused (not a torchtitan llama checkpoint, shapes that do not fit the given
-model, unsafe metadata, destination not empty); 2 usage and config errors.
+Exit codes: 0 success; 3 refused (not a torchtitan llama checkpoint, shapes that do not fit the given
+model, unsafe metadata, destination not empty); 2 usage and config errors; 6 the filesystem refused a
+write; 1 another I/O error.
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
-
-from truestep.core.errors import TruestepError
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -38,6 +36,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def import_torchtitan_main(argv: list[str]) -> int:
+    from truestep.cli.main import report
     from truestep.config.load import load_config
     from truestep.interop.torchtitan import import_torchtitan
 
@@ -48,12 +47,8 @@ def import_torchtitan_main(argv: list[str]) -> int:
     cfg = load_config(args.config, overrides).model  # a ConfigError becomes exit 2 in cli/main.py
     try:
         info = import_torchtitan(args.dcp_dir, args.out, cfg)
-    except TruestepError as err:
-        print(f"truestep import-torchtitan: error: {err}", file=sys.stderr)
-        return int(err.exit_code)
-    except OSError as err:
-        print(f"truestep import-torchtitan: error: {err}", file=sys.stderr)
-        return 1
+    except Exception as err:
+        return report("import-torchtitan", err)
     print(
         f"imported {info['dcp_dir']} -> {info['checkpoint']}: {info['tensors']} tensors "
         f"(keys {'under model.' if info['key_prefix'] else 'flat'}; {', '.join(info['source_dtypes'])} "

@@ -79,12 +79,17 @@ def apply_table(cfg: JobConfig, table: dict[str, Any], source: str) -> None:
             raise ConfigError(f"{source}: unknown section [{section}]; known: {', '.join(sorted(sections))}")
         if not isinstance(values, dict):
             raise ConfigError(f"{source}: [{section}] must be a table")
-        obj = getattr(cfg, section)
-        types = _field_types(obj)
-        for key, value in values.items():
-            if key not in types:
-                raise ConfigError(f"{source}: unknown key {section}.{key}; known: {', '.join(sorted(types))}")
-            setattr(obj, key, _coerce(value, types[key], f"{source}: {section}.{key}"))
+        coerce_table(getattr(cfg, section), values, source, section)
+
+
+def coerce_table(obj: Any, values: dict[str, Any], source: str, section: str) -> None:
+    """Set the fields of one section object from a table of values, each checked against its type
+    (ConfigError naming `source` and `section.key` for an unknown key or a wrong type)."""
+    types = _field_types(obj)
+    for key, value in values.items():
+        if key not in types:
+            raise ConfigError(f"{source}: unknown key {section}.{key}; known: {', '.join(sorted(types))}")
+        setattr(obj, key, _coerce(value, types[key], f"{source}: {section}.{key}"))
 
 
 def apply_overrides(cfg: JobConfig, overrides: list[str]) -> None:

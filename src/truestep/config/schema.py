@@ -34,7 +34,7 @@ class ModelConfig:
     norm_eps: float = 1e-5
     """RMSNorm epsilon."""
     rope_theta: float = 500000.0
-    """RoPE base frequency."""
+    """RoPE base frequency (positive)."""
     rope_scaling: str = "none"
     """RoPE frequency scaling: none, or llama3 (Llama 3.1/3.2 long context: low frequencies divided by
     `rope_scaling_factor`, high ones kept, a smooth blend between; set by the `rope_*` keys below)."""
@@ -48,7 +48,8 @@ class ModelConfig:
     """llama3 scaling: the context length the model was pre-trained at before scaling (HF
     `original_max_position_embeddings`)."""
     max_seq_len: int = 2048
-    """Longest sequence the RoPE tables are built for; `data.seq_len` must not exceed it."""
+    """Longest sequence the RoPE tables are built for; `data.seq_len` must not exceed it. At most 1048576
+    (the tables cover every position)."""
     tie_embeddings: bool = False
     """Share the input embedding with the output projection (Llama 3 unties them)."""
     dropout: float = 0.0
@@ -183,7 +184,8 @@ class ResilienceConfig:
     """Mechanism switch: agree on the stop step across ranks (a one-integer all-reduce per step). Off =
     each rank acts on its own signal alone, which can leave peers waiting in a collective."""
     requeue_exit_code: int = 75
-    """Exit code after a graceful preemption (EX_TEMPFAIL): the supervisor and the sbatch script requeue."""
+    """Exit code after a graceful preemption (EX_TEMPFAIL): the supervisor and the sbatch script requeue.
+    In [1, 254]; neither it nor it + 1 (the forced exit) may be another truestep exit code."""
     exit_deadline_s: float = 90.0
     """After a preemption signal, exit hard (code requeue_exit_code + 1) if the graceful path has not
     finished within this many seconds. Must be below scheduler_lead_time_s."""
@@ -235,7 +237,8 @@ class MetricsConfig:
 @dataclass
 class RunConfig:
     dir: str = "runs/default"
-    """Run directory: metrics.jsonl, events.jsonl, checkpoints."""
+    """Run directory: metrics.jsonl, events.jsonl, checkpoints. Must not be empty; truestep's own entries
+    in it must not be symlinks (docs/checkpointing.md, threat model)."""
     name: str = ""
     """Free-form run name recorded in the events log."""
 

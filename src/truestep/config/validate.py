@@ -1,13 +1,31 @@
 """Config validation: every rule names the keys involved and how to fix them.
 
 `validate` checks what does not depend on the world size; `validate_layout` checks the mesh against
-the world size, and runs before any process-group work.
+the world size, and runs before any process-group work. `validate_model` is the model section's part on
+its own: a model config read from a checkpoint or a Hugging Face `config.json` is held to the same rules
+before anything is built from it.
+
+Every float must be finite (`--optim.lr=inf` would train to a non-finite checkpoint) and every integer
+must fit in 64 bits (torch and numpy take them as int64).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import math
+from typing import Any
+
 from truestep.config.errors import ConfigError
 from truestep.config.schema import PREEMPTION_SIGNALS, JobConfig, ModelConfig
+from truestep.core.errors import ExitCode
+
+INT64_MAX = 2**63 - 1
+MAX_SEQ_LEN = 1 << 20
+"""Upper bound of model.max_seq_len (8x Llama 3.1's 128K): the RoPE tables are built for every position
+(cos + sin, fp32, head_dim wide: 1 GiB at head_dim 128), so a larger value is a typo, not a model."""
+MAX_FFN_MULTIPLIER = 64.0
+"""Upper bound of model.ffn_dim_multiplier (Llama uses 1.3-1.5)."""
+RESERVED_EXIT_CODES = {int(code) for code in ExitCode} - {int(ExitCode.REQUEUE), int(ExitCode.FORCED)}
 
 
 def _require(ok: bool, message: str) -> None:
@@ -15,16 +33,19 @@ def _require(ok: bool, message: str) -> None:
         raise ConfigError(message)
 
 
-def validate(cfg: JobConfig) -> None:
-    m, p, d, t, o, s, c = (
-        cfg.model,
-        cfg.parallel,
-        cfg.data,
-        cfg.train,
-        cfg.optim,
-        cfg.schedule,
-        cfg.checkpoint,
-    )
+def _check_numbers(section: str, obj: Any) -> None:
+    """Every float field finite, every int field within int64 (the names are `section.field`)."""
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        if isinstance(value, float):
+            _require(math.isfinite(value), f"{section}.{f.name}={value} must be a finite number")
+        elif isinstance(value, int) and not isinstance(value, bool):
+            _require(abs(value) <= INT64_MAX, f"{section}.{f.name}={value} does not fit in 64 bits")
+
+
+def validate_model(m: ModelConfig) -> None:
+    """The rules of the model section alone (see the module docstring)."""
+    _check_numbers("model", m)
     for name, value in (
         ("model.dim", m.dim),
         ("model.n_layers", m.n_layers),
@@ -32,13 +53,13 @@ def validate(cfg: JobConfig) -> None:
         ("model.vocab_size", m.vocab_size),
         ("model.multiple_of", m.multiple_of),
         ("model.max_seq_len", m.max_seq_len),
-        ("data.seq_len", d.seq_len),
-        ("train.max_steps", t.max_steps),
-        ("train.global_batch_size", t.global_batch_size),
-        ("parallel.tp", p.tp),
-        ("parallel.num_threads", p.num_threads),
     ):
         _require(value > 0, f"{name} must be positive, got {value}")
+    _require(
+        m.max_seq_len <= MAX_SEQ_LEN,
+        f"model.max_seq_len={m.max_seq_len} is beyond {MAX_SEQ_LEN}: the RoPE tables cover every position "
+        "(cos + sin in fp32); set the context length you train or generate at",
+    )
     _require(m.head_dim >= 0, f"model.head_dim must be >= 0 (0 = dim / n_heads), got {m.head_dim}")
     _require(
         m.head_dim > 0 or m.dim % m.n_heads == 0,
@@ -54,9 +75,42 @@ def validate(cfg: JobConfig) -> None:
         head_dim % 2 == 0,
         f"the head width ({head_dim}; model.head_dim or dim / n_heads) must be even for RoPE",
     )
+    _require(
+        0 <= m.ffn_dim_multiplier <= MAX_FFN_MULTIPLIER,
+        f"model.ffn_dim_multiplier must be in [0, {MAX_FFN_MULTIPLIER:g}] (0 = none), got {m.ffn_dim_multiplier}",
+    )
+    _require(m.rope_theta > 0, f"model.rope_theta must be positive (Llama 3: 500000), got {m.rope_theta}")
     _validate_rope_scaling(m)
     _require(0.0 <= m.dropout < 1.0, f"model.dropout must be in [0, 1), got {m.dropout}")
-    _require(m.norm_eps > 0 and m.init_std > 0, "model.norm_eps and model.init_std must be positive")
+    _require(
+        m.norm_eps > 0 and m.init_std > 0,
+        f"model.norm_eps ({m.norm_eps}) and model.init_std ({m.init_std}) must be positive",
+    )
+
+
+def validate(cfg: JobConfig) -> None:
+    m, p, d, t, o, s, c = (
+        cfg.model,
+        cfg.parallel,
+        cfg.data,
+        cfg.train,
+        cfg.optim,
+        cfg.schedule,
+        cfg.checkpoint,
+    )
+    for f in dataclasses.fields(cfg):
+        _check_numbers(f.name, getattr(cfg, f.name))
+    validate_model(m)
+    _require(cfg.run.dir.strip() != "", "run.dir must not be empty (it is where the run writes everything)")
+    for name, value in (
+        ("data.seq_len", d.seq_len),
+        ("train.max_steps", t.max_steps),
+        ("train.global_batch_size", t.global_batch_size),
+        ("parallel.tp", p.tp),
+        ("parallel.num_threads", p.num_threads),
+    ):
+        _require(value > 0, f"{name} must be positive, got {value}")
+    kv = m.n_kv_heads or m.n_heads
     _require(
         d.seq_len <= m.max_seq_len,
         f"data.seq_len={d.seq_len} exceeds model.max_seq_len={m.max_seq_len}; raise max_seq_len",
@@ -77,6 +131,9 @@ def validate(cfg: JobConfig) -> None:
         f"parallel.tp={p.tp} must divide model.vocab_size={m.vocab_size} (embedding and output are sharded)",
     )
     _require(t.micro_batch_size >= 0, "train.micro_batch_size must be >= 0 (0 = no accumulation)")
+    _require(t.stop_at_step >= 0, "train.stop_at_step must be >= 0 (0 = no early stop)")
+    _require(t.seed >= 0 and d.data_seed >= 0, "train.seed and data.data_seed must be >= 0")
+    _require(p.init_timeout_s > 0, "parallel.init_timeout_s must be positive")
     _require(t.grad_clip >= 0, "train.grad_clip must be >= 0 (0 disables clipping)")
     _require(o.lr > 0 and o.eps > 0, "optim.lr and optim.eps must be positive")
     _require(0 <= o.beta1 < 1 and 0 <= o.beta2 < 1, "optim.beta1 and optim.beta2 must be in [0, 1)")
@@ -107,6 +164,16 @@ def validate(cfg: JobConfig) -> None:
         )
     _require(r.nan_rollback_after >= 0, "resilience.nan_rollback_after must be >= 0 (0 = never roll back)")
     _require(
+        1 <= r.requeue_exit_code <= 254
+        and not {r.requeue_exit_code, r.requeue_exit_code + 1} & RESERVED_EXIT_CODES,
+        f"resilience.requeue_exit_code={r.requeue_exit_code} must be in [1, 254], and neither it nor it + 1 (the "
+        f"forced exit) one of truestep's other exit codes {sorted(RESERVED_EXIT_CODES)} (docs/resilience.md)",
+    )
+    _require(
+        r.exit_deadline_s > 0 and r.scheduler_lead_time_s > 0,
+        "resilience.exit_deadline_s and resilience.scheduler_lead_time_s must be positive",
+    )
+    _require(
         min(
             r.heartbeat_interval_s,
             r.liveness_timeout_s,
@@ -124,6 +191,7 @@ def validate(cfg: JobConfig) -> None:
     )
     _require(c.interval >= 0, "checkpoint.interval must be >= 0 (0 = only final/emergency saves)")
     _require(c.keep_last_n >= 0, "checkpoint.keep_last_n must be >= 0 (0 keeps all)")
+    _require(cfg.metrics.log_every >= 1, "metrics.log_every must be >= 1")
 
 
 _ROPE_SCALING_KEYS = (

@@ -1,13 +1,17 @@
 """Exit codes of `truestep train` and `truestep launch`, and the error types that carry them.
 
-Expected bad input (a config, a checkpoint, a busy run directory) raises a `TruestepError` subclass;
-the CLI prints its message as one line on stderr and exits with its code. A traceback is printed only
-with `--debug` (or goes to the event log); anything else is a bug and exits 1 with its traceback.
+Expected bad input (a config, a checkpoint, a busy run directory, a full disk) raises a `TruestepError`
+subclass; the CLI prints its message as one line on stderr and exits with its code. A traceback is
+printed only with `--debug` (or goes to the event log); anything else is a bug and exits 1 with its
+traceback. `os_error_line` turns an OSError into that one line (what failed, where) so every command
+says "no space left on device: PATH" the same way.
 """
 
 from __future__ import annotations
 
 import enum
+import errno
+import os
 
 
 class ExitCode(enum.IntEnum):
@@ -18,11 +22,14 @@ class ExitCode(enum.IntEnum):
     USAGE = 2
     """Bad arguments or config: fix the command."""
     REFUSED = 3
-    """An input is unusable or unsafe (checkpoint, data, resume, init_from): needs a human."""
+    """An input is unusable or unsafe (checkpoint, data, resume, init_from, run directory): needs a human."""
     BUSY = 4
     """The run directory is leased by another live job."""
     FENCED = 5
     """A newer attempt owns the run directory: this (orphaned or partitioned) process stood aside."""
+    STORAGE = 6
+    """The filesystem refused a write (no space, quota, read-only, permission): free space or fix it,
+    then resubmit; a requeue into the same full disk would only fail again."""
     REQUEUE = 75
     """Preempted gracefully, emergency checkpoint committed: requeue me (EX_TEMPFAIL)."""
     FORCED = 76
@@ -31,14 +38,22 @@ class ExitCode(enum.IntEnum):
     """Ctrl-C (SIGINT): emergency checkpoint committed, not requeued."""
 
 
-NO_REQUEUE = (ExitCode.USAGE, ExitCode.REFUSED, ExitCode.BUSY, ExitCode.FENCED, ExitCode.INTERRUPTED)
-"""Exit codes a scheduler must not requeue: retrying cannot help or would undo the user's decision."""
+NOT_RETRYABLE = frozenset(
+    {ExitCode.USAGE, ExitCode.REFUSED, ExitCode.BUSY, ExitCode.FENCED, ExitCode.STORAGE}
+)
+"""Rank exit codes another attempt cannot change: a supervisor stops and passes them on."""
+NO_REQUEUE = tuple(sorted(NOT_RETRYABLE | {ExitCode.INTERRUPTED}))
+"""Exit codes a scheduler must not requeue: retrying cannot help or would undo the user's decision
+(scripts/slurm/train.sbatch's TRUESTEP_NO_REQUEUE_CODES default lists the same)."""
 
 
 class TruestepError(Exception):
     """Expected bad input or state; the message says what, where, and what to do."""
 
     exit_code: ExitCode = ExitCode.REFUSED
+    rank_local: bool = False
+    """True when only the raising rank knows (its own file or stream): that rank prints the line, not
+    only rank 0, which prints the refusals every rank shares."""
 
 
 class UsageError(TruestepError):
@@ -55,3 +70,74 @@ class RunDirBusyError(TruestepError):
 
 class FencedError(TruestepError):
     exit_code = ExitCode.FENCED
+
+
+class StorageError(TruestepError):
+    """The filesystem refused a write truestep needed (full, over quota, read-only, no permission)."""
+
+    exit_code = ExitCode.STORAGE
+
+
+STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EFBIG})
+"""errnos that mean "this filesystem will not take the write" rather than a transient fault."""
+
+
+def causes(err: BaseException) -> list[BaseException]:
+    """`err` and what it wraps: its cause/context chain, and the per-rank failures a DCP
+    CheckpointException carries (`failures`: rank -> (exception, traceback)), depth first."""
+    found: list[BaseException] = []
+    pending: list[BaseException] = [err]
+    while pending and len(found) < 64:
+        current = pending.pop()
+        if any(current is seen for seen in found):
+            continue
+        found.append(current)
+        failures = getattr(current, "failures", None)
+        if isinstance(failures, dict):
+            for value in reversed(list(failures.values())):
+                inner = value[0] if isinstance(value, tuple) and value else value
+                if isinstance(inner, BaseException):
+                    pending.append(inner)
+        follow = current.__cause__ or current.__context__
+        if follow is not None:
+            pending.append(follow)
+    return found
+
+
+def os_error_in(err: BaseException) -> OSError | None:
+    """The first OSError in `err` or what it wraps (see `causes`), if any."""
+    return next((c for c in causes(err) if isinstance(c, OSError)), None)
+
+
+def os_error_line(err: OSError, doing: str = "") -> str:
+    """One line for an OSError: what was being done, the system's reason, and the path(s)."""
+    reason = err.strerror or (os.strerror(err.errno) if err.errno else str(err)) or type(err).__name__
+    where = ": ".join(str(p) for p in (err.filename, err.filename2) if p is not None)
+    text = reason.lower() if reason[:1].isupper() and reason[1:2].islower() else reason
+    return f"{doing + ': ' if doing else ''}{text}{': ' + where if where else ''}"
+
+
+def storage_error(err: BaseException, doing: str = "") -> StorageError | None:
+    """A StorageError for an error whose chain holds a full-disk/read-only/permission OSError, else None."""
+    found = os_error_in(err)
+    if found is None or found.errno not in STORAGE_ERRNOS:
+        return None
+    return StorageError(os_error_line(found, doing))
+
+
+def expected_failure(err: BaseException) -> tuple[int, str] | None:
+    """(exit code, one line) when `err` is expected bad input or a refusing filesystem, else None (a bug,
+    which keeps its traceback). A TruestepError anywhere in the chain counts, so does an OSError: a full
+    disk is exit 6 and says "no space left on device: PATH", any other I/O error exit 1 and its reason."""
+    if isinstance(err, TruestepError):
+        return int(err.exit_code), str(err)
+    storage = storage_error(err)
+    if storage is not None:
+        return int(storage.exit_code), str(storage)
+    wrapped = next((c for c in causes(err) if isinstance(c, TruestepError)), None)
+    if wrapped is not None:
+        return int(wrapped.exit_code), str(wrapped)
+    found = os_error_in(err)
+    if found is not None:
+        return int(ExitCode.FAILURE), f"I/O error: {os_error_line(found)}"
+    return None

@@ -29,6 +29,11 @@ ATTEMPTS_DIR = "attempts"
 """Per-attempt files the supervisor hands to its ranks (the resolved config)."""
 TENSORBOARD_DIR = "tb"
 
+OWN_FILES = (METRICS_FILE, EVENTS_FILE, CONFIG_FILE, LEASE_FILE, LEASE_LOCK_FILE)
+"""Files truestep writes directly in a run directory: each must be absent or a regular file."""
+OWN_DIRS = (HEARTBEAT_DIR, CHECKPOINTS_DIR, ATTEMPTS_DIR, TENSORBOARD_DIR)
+"""Directories truestep writes into: each must be absent or a real directory (not a symlink)."""
+
 
 def heartbeat_path(run_dir: Path, rank: int) -> Path:
     return run_dir / HEARTBEAT_DIR / HEARTBEAT_FILE.format(rank=rank)
@@ -51,5 +56,8 @@ ENV_JOB_ID = "TRUESTEP_JOB_ID"
 """Identity of the job that owns the run directory lease (defaults to SLURM_JOB_ID)."""
 ENV_CONFIG_FILE = "TRUESTEP_CONFIG_FILE"
 """Set by the supervisor: the resolved, validated config file of this attempt that ranks load."""
+ENV_DEBUG = "TRUESTEP_DEBUG"
+"""Set (to 1) by `truestep --debug`: expected errors print their traceback too, in every process of the
+job (the supervisor's ranks inherit it)."""
 ENV_CACHE = "TRUESTEP_CACHE"
 """Where the built-in demo corpus is cached."""

@@ -45,7 +45,9 @@ def atomic_write(final: Path, write: Callable[[IO[bytes]], None]) -> None:
     """Call `write(file)` on a temp file, then atomically move it to `final`."""
     tmp = temp_path(final)
     try:
-        with open(tmp, "wb") as f:
+        # O_EXCL | O_NOFOLLOW: a name planted where the temp file goes is refused, never written through.
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        with os.fdopen(fd, "wb") as f:
             write(f)
             f.flush()
             os.fsync(f.fileno())

@@ -66,8 +66,8 @@ def read_meta(data_dir: Path) -> dict[str, Any]:
         )
     try:
         meta = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise DataError(f"cannot read {path}: {e}") from e
+    except (OSError, ValueError, RecursionError) as e:  # JSONDecodeError, UnicodeDecodeError, huge ints
+        raise DataError(f"cannot read {path}: {type(e).__name__}: {str(e)[:200]}") from e
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         got = meta.get("format") if isinstance(meta, dict) else type(meta).__name__
         raise DataError(f"{path}: format is {got!r}, expected {FORMAT!r}")

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from truestep.config.errors import ConfigError
 from truestep.config.schema import ModelConfig
+from truestep.config.validate import validate_model
 from truestep.interop.errors import InteropError
 from truestep.model.llama import ffn_hidden_dim
 from truestep.model.rope import head_dim
@@ -150,6 +152,10 @@ def _rope(hf: dict[str, Any], problems: list[str]) -> dict[str, Any]:
         problems.append("rope_scaling and rope_parameters describe different RoPE scalings")
     theta = hf.get("rope_theta")
     if isinstance(params, dict) and _number(params.get("rope_theta")):
+        if theta is not None and theta != params["rope_theta"]:
+            problems.append(
+                f"rope_theta={theta} and rope_parameters.rope_theta={params['rope_theta']} differ"
+            )
         theta = params["rope_theta"]
     if hf.get("partial_rotary_factor", 1.0) != 1.0:
         problems.append("partial_rotary_factor != 1 is not supported")
@@ -209,12 +215,32 @@ def model_config_from_hf(hf: Any, where: str = CONFIG) -> ModelConfig:
         )
     problems: list[str] = []
     required = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
-    missing = [key for key in required if not isinstance(hf.get(key), int) or hf[key] <= 0]
+    missing = [
+        key
+        for key in required
+        if not isinstance(hf.get(key), int) or isinstance(hf[key], bool) or hf[key] <= 0
+    ]
     if missing:
         raise InteropError(f"{where}: missing or invalid {', '.join(missing)}")
 
     def get(key: str) -> Any:
         return hf[key] if hf.get(key) is not None else HF_DEFAULTS[key]
+
+    wrong = [
+        f"{key}={hf[key]!r:.40}"
+        for key, kinds in (
+            ("num_key_value_heads", int),
+            ("rms_norm_eps", int | float),
+            ("rope_theta", int | float),
+            ("max_position_embeddings", int),
+            ("initializer_range", int | float),
+            ("tie_word_embeddings", bool),
+        )
+        if hf.get(key) is not None
+        and (not isinstance(hf[key], kinds) or (kinds is not bool and isinstance(hf[key], bool)))
+    ]
+    if wrong:
+        raise InteropError(f"{where}: values of the wrong type: {', '.join(wrong)}")
 
     dim, n_heads = hf["hidden_size"], hf["num_attention_heads"]
     n_kv = hf.get("num_key_value_heads") or n_heads
@@ -230,22 +256,30 @@ def model_config_from_hf(hf: Any, where: str = CONFIG) -> ModelConfig:
         problems.append(f"num_attention_heads={n_heads} is not a multiple of num_key_value_heads={n_kv}")
     if hf.get("quantization_config"):
         problems.append("quantized checkpoints (quantization_config) are not supported")
-    rope = _rope(hf, problems)
-    if problems:
-        raise InteropError(f"{where}: cannot import this Llama config:\n  " + "\n  ".join(problems))
-    multiple_of, multiplier = ffn_rule_for(dim, hf["intermediate_size"])
-    return ModelConfig(
-        dim=dim,
-        n_layers=hf["num_hidden_layers"],
-        n_heads=n_heads,
-        n_kv_heads=n_kv,
-        head_dim=width,
-        vocab_size=hf["vocab_size"],
-        multiple_of=multiple_of,
-        ffn_dim_multiplier=multiplier,
-        norm_eps=float(get("rms_norm_eps")),
-        max_seq_len=int(get("max_position_embeddings")),
-        tie_embeddings=bool(get("tie_word_embeddings")),
-        init_std=float(hf.get("initializer_range") or ModelConfig.init_std),
-        **rope,
-    )
+    try:
+        rope = _rope(hf, problems)
+        if problems:
+            raise InteropError(f"{where}: cannot import this Llama config: " + "; ".join(problems))
+        multiple_of, multiplier = ffn_rule_for(dim, hf["intermediate_size"])
+        cfg = ModelConfig(
+            dim=dim,
+            n_layers=hf["num_hidden_layers"],
+            n_heads=n_heads,
+            n_kv_heads=n_kv,
+            head_dim=width,
+            vocab_size=hf["vocab_size"],
+            multiple_of=multiple_of,
+            ffn_dim_multiplier=multiplier,
+            norm_eps=float(get("rms_norm_eps")),
+            max_seq_len=int(get("max_position_embeddings")),
+            tie_embeddings=bool(get("tie_word_embeddings")),
+            init_std=float(hf.get("initializer_range") or ModelConfig.init_std),
+            **rope,
+        )
+    except (OverflowError, ValueError) as err:  # numbers beyond any float: not a model
+        raise InteropError(f"{where}: a size or factor is out of range: {err}") from None
+    try:
+        validate_model(cfg)
+    except ConfigError as err:  # named in truestep's terms: the keys the import would print as overrides
+        raise InteropError(f"{where}: the model it describes is not valid: {err}") from None
+    return cfg

@@ -108,8 +108,9 @@ def checkpoint_tokenizer(ckpt_dir: Path, data_dir: Path | None = None) -> Checkp
         return _from_data_dir(Path(data_dir), f"--data {data_dir}")
     try:
         interop = ckpt_dir / WEIGHTS_INFO_FILE
-        if interop.is_file():
-            record = read_json(interop).get("tokenizer")
+        if interop.is_file() or interop.is_symlink():
+            info = read_json(interop)
+            record = info.get("tokenizer") if isinstance(info, dict) else None
             if not isinstance(record, dict):
                 raise InteropError(
                     f"{interop} records no tokenizer (imported by an older truestep); give --data DIR or "
@@ -128,6 +129,10 @@ def checkpoint_tokenizer(ckpt_dir: Path, data_dir: Path | None = None) -> Checkp
             f"{ckpt_dir}: the run's data.path is not recorded; give --data DIR or --no-tokenizer"
         )
     recorded = keys["data.path"]
+    if not isinstance(recorded, str) or "\0" in recorded:
+        raise InteropError(
+            f"{ckpt_dir}: the recorded data.path {recorded!r:.80} is not a path; give --data DIR"
+        )
     if recorded == "":
         byte_ids = {"bos_token_id": None, "eos_token_id": ByteTokenizer.eos_id, "pad_token_id": None}
         return CheckpointTokenizer(

@@ -1,10 +1,14 @@
 """`truestep export --to torch`: the model weights of a checkpoint as one plain `torch.save` state dict
-with truestep's own parameter names (loads with `torch.load(FILE, weights_only=True)`)."""
+with truestep's own parameter names (loads with `torch.load(FILE, weights_only=True)`).
+
+The file is new: an existing file (or symlink) at the destination is refused, like a non-empty directory
+for `--to hf`, and the content appears all at once (`fsio.write_new_file`). It is written through a Python
+file object, so a full disk says "no space left on device", not torch's "unexpected pos".
+"""
 
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -17,13 +21,20 @@ from truestep.checkpoint.weights import (
     model_tensor_meta,
     read_model_config,
 )
+from truestep.core.fsio import write_new_file
 from truestep.interop.dtypes import cast_for_export, dtype_name
+from truestep.interop.errors import InteropError
 
 
 def export_torch(
     ckpt: Path, file: Path, checksums: bool = True, dtype: torch.dtype = torch.float32
 ) -> dict[str, Any]:
     """Consolidate the model weights of a (verified) checkpoint into one `torch.save` state dict (`dtype`)."""
+    file = Path(file)
+    if os.path.lexists(file):
+        raise InteropError(
+            f"{file} already exists; refusing to overwrite it (remove it or choose another name)"
+        )
     ckpt_dir = find_verified(ckpt, checksums)
     cfg = read_model_config(ckpt_dir)
     meta = model_tensor_meta(ckpt_dir)
@@ -32,15 +43,8 @@ def export_torch(
     state = {fqn: cast_for_export(t, dtype, fqn) for fqn, t in tensors.items()}
     if cfg.tie_embeddings and "output.weight" in state:
         state["output.weight"] = state["tok_embeddings.weight"]  # tied as in the module's state_dict
-    file = Path(file)
     file.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{file.name}.", suffix=".tmp", dir=file.parent)
-    os.close(fd)
-    try:
-        torch.save(state, tmp)
-        os.replace(tmp, file)
-    finally:
-        Path(tmp).unlink(missing_ok=True)
+    write_new_file(file, lambda f: torch.save(state, f))
     return {
         "checkpoint": str(ckpt_dir),
         "file": str(file),

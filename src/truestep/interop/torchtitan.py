@@ -16,16 +16,25 @@ entries are never read (the last are pickles). `.metadata` goes through truestep
 from __future__ import annotations
 
 import re
-import warnings
 from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-from truestep.checkpoint.safe_dcp import SafeFileSystemReader, SafeLoadPlanner, UnsafeCheckpointError
-from truestep.checkpoint.weights import TensorMeta, expected_shapes, model_overrides, shape_problems
+from truestep.checkpoint.catalog import DCP_METADATA
+from truestep.checkpoint.errors import CheckpointContentError, TensorMismatchError
+from truestep.checkpoint.safe_dcp import load_dcp, read_dcp_metadata
+from truestep.checkpoint.weights import (
+    TensorMeta,
+    WeightsError,
+    allocate,
+    expected_shapes,
+    layer_count_problem,
+    model_overrides,
+    problem_list,
+    shape_problems,
+)
 from truestep.checkpoint.weights_only import write_weights_checkpoint
 from truestep.config.schema import ModelConfig
 from truestep.interop.errors import InteropError
@@ -48,12 +57,12 @@ def interleaved_to_half_split(weight: torch.Tensor, n_heads: int, width: int) ->
 def torchtitan_model_meta(dcp_dir: Path) -> tuple[str, dict[str, TensorMeta]]:
     """(key prefix, {truestep FQN: stored shape and dtype}) of the model tensors of a torchtitan DCP dir."""
     try:
-        metadata = SafeFileSystemReader(dcp_dir).read_metadata()
-    except UnsafeCheckpointError as err:
+        metadata = read_dcp_metadata(dcp_dir)
+    except CheckpointContentError as err:
         raise InteropError(f"{dcp_dir}: {err}") from err
     except OSError as err:
         raise InteropError(
-            f"{dcp_dir}: not a DCP checkpoint directory (cannot read .metadata: {err})"
+            f"{dcp_dir}: not a DCP checkpoint directory (cannot read {DCP_METADATA}: {err.strerror or err})"
         ) from err
     keys = metadata.state_dict_metadata
     if "tok_embeddings.weight" in keys:
@@ -79,10 +88,18 @@ def import_torchtitan(dcp_dir: Path, out: Path, cfg: ModelConfig) -> dict[str, A
     """Write the model weights of a torchtitan llama3 DCP checkpoint, q/k permuted to truestep's RoPE
     layout, as a weights-only truestep checkpoint (fp32) for `cfg`."""
     dcp_dir = Path(dcp_dir)
-    if not (dcp_dir / ".metadata").is_file():
-        raise InteropError(f"{dcp_dir}: no .metadata; give the step directory of a torchtitan DCP checkpoint")
+    if not (dcp_dir / DCP_METADATA).exists():
+        raise InteropError(
+            f"{dcp_dir}: no {DCP_METADATA}; give the step directory of a torchtitan DCP checkpoint"
+        )
     prefix, meta = torchtitan_model_meta(dcp_dir)
-    expected = expected_shapes(cfg)
+    layers = layer_count_problem(meta, cfg.n_layers, "torchtitan checkpoint", "the configured model expects")
+    if layers:
+        raise InteropError(f"{dcp_dir}: the stored weights do not fit the configured model: {layers}")
+    try:
+        expected = expected_shapes(cfg)
+    except WeightsError as err:
+        raise InteropError(f"the configured model: {err}") from None
     if cfg.tie_embeddings and "output.weight" not in meta:
         expected = {k: v for k, v in expected.items() if k != "output.weight"}
     problems = shape_problems(
@@ -90,23 +107,16 @@ def import_torchtitan(dcp_dir: Path, out: Path, cfg: ModelConfig) -> dict[str, A
     )
     if problems:
         raise InteropError(
-            f"{dcp_dir}: the stored weights do not fit the configured model:\n  "
-            + "\n  ".join(problems[:20])
-            + "\nSet the model with a preset/TOML and --model.* overrides (e.g. llama3.1-8b for torchtitan's 8B)"
+            f"{dcp_dir}: the stored weights do not fit the configured model: {problem_list(problems)}. "
+            "Set the model with a preset/TOML and --model.* overrides (e.g. llama3.1-8b for torchtitan's 8B)"
         )
-    tensors = {fqn: torch.empty(m.shape, dtype=m.dtype) for fqn, m in meta.items()}
     try:
-        with warnings.catch_warnings():
-            # DCP warns that it runs without a process group: exactly the intent here (no_dist=True).
-            warnings.filterwarnings("ignore", message=r"torch.distributed is disabled, unavailable or uninit")
-            dcp.load(
-                {prefix + fqn: t for fqn, t in tensors.items()},
-                storage_reader=SafeFileSystemReader(dcp_dir),
-                planner=SafeLoadPlanner(),
-                no_dist=True,
-            )
-    except UnsafeCheckpointError as err:
+        tensors = allocate(meta, list(meta), dcp_dir)
+        load_dcp({prefix + fqn: t for fqn, t in tensors.items()}, dcp_dir, no_dist=True)
+    except (WeightsError, CheckpointContentError, TensorMismatchError) as err:
         raise InteropError(f"{dcp_dir}: {err}") from err
+    except (RuntimeError, ValueError, KeyError) as err:
+        raise InteropError(f"{dcp_dir}: the weights do not load: {type(err).__name__}: {err}") from err
     width = head_dim(cfg)
     state = {}
     for fqn, tensor in tensors.items():

@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
+from truestep.config.errors import ConfigError
 from truestep.config.schema import JobConfig
 from truestep.config.validate import validate_layout
 from truestep.core.env import world_from_env
@@ -64,7 +65,12 @@ def pick_device(cfg: JobConfig, local_rank: int) -> torch.device:
         want = "cuda" if torch.cuda.is_available() else "cpu"
     if want == "cuda":
         if not torch.cuda.is_available():
-            raise RuntimeError("parallel.device=cuda but CUDA is not available; use parallel.device=cpu")
+            raise ConfigError("parallel.device=cuda but CUDA is not available; use parallel.device=cpu")
+        if local_rank >= torch.cuda.device_count():
+            raise ConfigError(
+                f"local rank {local_rank} has no CUDA device (this node has {torch.cuda.device_count()}); "
+                "launch at most one process per GPU"
+            )
         torch.cuda.set_device(local_rank)
         return torch.device("cuda", local_rank)
     return torch.device("cpu")
@@ -73,7 +79,7 @@ def pick_device(cfg: JobConfig, local_rank: int) -> torch.device:
 def pick_backend(cfg: JobConfig, device: torch.device) -> str:
     if cfg.parallel.backend != "auto":
         if cfg.parallel.backend == "nccl" and device.type != "cuda":
-            raise RuntimeError("parallel.backend=nccl needs parallel.device=cuda; use gloo on CPU")
+            raise ConfigError("parallel.backend=nccl needs parallel.device=cuda; use gloo on CPU")
         return cfg.parallel.backend
     return "nccl" if device.type == "cuda" else "gloo"
 

@@ -86,4 +86,7 @@ class Heartbeat:
                 except FencedError as err:
                     print(f"truestep train: rank {self.rank}: {err}", file=sys.stderr, flush=True)
                     os._exit(ExitCode.FENCED)
-            self._write()
+            try:
+                self._write()
+            except OSError:  # e.g. a full disk: this beat is missed, which is what a watcher's liveness
+                continue  # timeout is for; the training thread meets the same disk and says so itself

@@ -236,6 +236,8 @@ class RunDirLease:
                 except FencedError as err:
                     on_lost(err)
                     return
+                except OSError:  # a full disk or a flaky shared filesystem: renew again next period (the
+                    continue  # fence is still checked before every commit; a lapsed lease only invites takeover)
 
         self._keeper = threading.Thread(target=loop, name="truestep-lease", daemon=True)
         self._keeper.start()

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from truestep.config.load import to_toml
 from truestep.config.schema import JobConfig
-from truestep.core.errors import ExitCode, FencedError
+from truestep.core.errors import NOT_RETRYABLE, ExitCode, FencedError
 from truestep.core.fsio import atomic_write, make_dir
 from truestep.core.names import (
     ENV_ATTEMPT,
@@ -41,8 +41,6 @@ from truestep.resilience.watch import AttemptWatch, Failure, Rank
 from truestep.telemetry.jsonl import JsonlWriter
 
 POLL_S = 0.1
-NOT_RETRYABLE = {ExitCode.USAGE, ExitCode.REFUSED, ExitCode.BUSY, ExitCode.FENCED}
-"""A rank exit code that another attempt cannot change: stop and pass it on."""
 
 
 @dataclass

@@ -26,7 +26,10 @@ class JsonlWriter:
     def write(self, record: dict[str, Any]) -> dict[str, Any]:
         line = {"time": time.time(), "mono": time.monotonic(), **self.static, **record}
         if self._fd is not None:
-            os.write(self._fd, (json.dumps(line, separators=(",", ":")) + "\n").encode())
+            try:
+                os.write(self._fd, (json.dumps(line, separators=(",", ":")) + "\n").encode())
+            except OSError as err:  # os.write names no file: say which log (a full disk is said by where)
+                raise OSError(err.errno, err.strerror, str(self.path)) from err
         return line
 
     def close(self) -> None:

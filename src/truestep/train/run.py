@@ -4,19 +4,39 @@ supervisor) the heartbeat is already beating.
 
 Without a supervisor (a plain `truestep train` or torchrun), rank 0 takes the run directory lease
 itself, counts the attempt and broadcasts its number; a second job into a leased directory is refused
-on every rank before anything is written.
+on every rank before anything is written. Rank 0 first checks the run directory's own entries
+(core/rundir.py): a symlinked `metrics.jsonl` is refused before anything is written through it.
+
+Every way a rank can stop on expected bad input or a failing environment ends here as one line on
+stderr and a documented exit code (`failure_of`): a refusal (its own code, printed once by rank 0 when
+every rank shares it), a filesystem that refuses a write (exit 6, "no space left on device: PATH"),
+another I/O error, running out of memory, or a broken process group (exit 1). Only a bug prints a
+traceback; the traceback of the others goes to the event log (`run_failed`).
 """
 
 from __future__ import annotations
 
 import os
 import sys
+import traceback
 from functools import partial
 from pathlib import Path
 
+import torch
+
+from truestep.checkpoint.resolver import decide_on_rank0
 from truestep.config.schema import JobConfig
-from truestep.core.errors import ExitCode, FencedError, RunDirBusyError, TruestepError
+from truestep.core.errors import (
+    ExitCode,
+    FencedError,
+    RunDirBusyError,
+    TruestepError,
+    causes,
+    expected_failure,
+)
 from truestep.core.fsio import make_dir
+from truestep.core.names import ENV_DEBUG
+from truestep.core.rundir import check_run_dir
 from truestep.core.status import RankStatus, StopReason
 from truestep.faults.hooks import set_context as set_fault_context
 from truestep.parallel.dist import DistContext, broadcast_int, init_distributed, shutdown
@@ -57,9 +77,37 @@ def _lost_lease(err: FencedError) -> None:
     os._exit(ExitCode.FENCED)
 
 
+def failure_of(err: BaseException) -> tuple[int, str] | None:
+    """(exit code, one line) for an expected way to stop; None for a bug (which keeps its traceback).
+    `core.errors.expected_failure`, plus what only a training process meets: memory, the process group."""
+    failure = expected_failure(err)
+    if failure is not None:
+        code, line = failure
+        if code == ExitCode.STORAGE:
+            line += "; free space (or fix the filesystem) and start again: the run resumes from its newest verified checkpoint"
+        return code, line
+    oom = next((c for c in causes(err) if _out_of_memory(c)), None)
+    if oom is not None:
+        return int(
+            ExitCode.FAILURE
+        ), f"out of memory: {str(oom).splitlines()[0] if str(oom) else type(oom).__name__}"
+    dist_error = next((c for c in causes(err) if isinstance(c, torch.distributed.DistError)), None)
+    if dist_error is not None:
+        return int(ExitCode.FAILURE), f"process group failed: {str(dist_error).splitlines()[0]}"
+    return None
+
+
+def _out_of_memory(err: BaseException) -> bool:
+    return isinstance(err, MemoryError | torch.OutOfMemoryError) or (
+        isinstance(err, RuntimeError) and "can't allocate memory" in str(err)
+    )
+
+
 def claim_run_dir(cfg: JobConfig, ctx: DistContext) -> Attempt:
-    """Collective. Rank 0 takes the lease and starts an attempt; every rank learns its number."""
+    """Collective. Rank 0 checks the run directory and takes the lease, then starts an attempt; every
+    rank learns its number (or every rank refuses)."""
     run_dir = Path(cfg.run.dir)
+    decide_on_rank0(lambda: _checked_run_dir(run_dir), ctx)
     job = job_id()
     lease: RunDirLease | None = None
     number, busy = 0, None
@@ -79,6 +127,12 @@ def claim_run_dir(cfg: JobConfig, ctx: DistContext) -> Attempt:
     return Attempt(number, job, fence, lease)
 
 
+def _checked_run_dir(run_dir: Path) -> int:
+    check_run_dir(run_dir)
+    make_dir(run_dir)
+    return 0
+
+
 def run_training(cfg: JobConfig, status: RankStatus, attempt: Attempt | None) -> int:
     """Train this rank to the end (or a stop) and exit the process with the run's exit code."""
     ctx = init_distributed(cfg)
@@ -89,13 +143,31 @@ def run_training(cfg: JobConfig, status: RankStatus, attempt: Attempt | None) ->
             if cfg.resilience.heartbeat:
                 run_dir, interval = Path(cfg.run.dir), cfg.resilience.heartbeat_interval_s
                 Heartbeat(run_dir, ctx.rank, attempt.number, status, interval).start()
+        elif ctx.is_main:
+            check_run_dir(Path(cfg.run.dir))  # the supervisor checked too; files can appear since
         code = _train(cfg, ctx, status, attempt)
-    except TruestepError as err:
-        if ctx.is_main:
-            print(f"truestep train: {err}", file=sys.stderr, flush=True)
-        code, clean = int(err.exit_code), False  # some ranks may not share the error: no barrier
+    except BaseException as err:  # noqa: BLE001 - classified below; a bug is re-raised untouched
+        failure = failure_of(err)
+        if failure is None:
+            raise
+        code, line = failure
+        # A refusal every rank shares is printed once; one rank's own failure by that rank.
+        if ctx.is_main or not isinstance(err, TruestepError) or err.rank_local:
+            who = "" if ctx.is_main or not ctx.distributed else f"rank {ctx.rank}: "
+            if os.environ.get(ENV_DEBUG) == "1":  # truestep --debug
+                traceback.print_exception(err)
+            print(f"truestep train: {who}{line}", file=sys.stderr, flush=True)
+        clean = False  # some ranks may not share the error: no barrier
     if attempt is not None and attempt.lease is not None:
-        attempt.lease.release()
+        try:
+            attempt.lease.release()
+        except OSError as err:  # e.g. the disk filled up: say so if nothing else was said
+            if code == ExitCode.OK:
+                code, line = failure_of(err) or (int(ExitCode.FAILURE), str(err))
+                print(
+                    f"truestep train: releasing the run directory lease: {line}", file=sys.stderr, flush=True
+                )
+            # else the run already failed and said why; a dead holder's lease is taken over at the next start
     shutdown(ctx, code, clean)
     return code  # not reached: shutdown exits the process
 
@@ -109,6 +181,18 @@ def _train(cfg: JobConfig, ctx: DistContext, status: RankStatus, attempt: Attemp
         train_loop(trainer, build_hooks(attempt))
     except TruestepError as err:
         logs.event("run_refused", error=type(err).__name__, message=str(err), exit_code=int(err.exit_code))
+        raise
+    except BaseException as err:
+        failure = failure_of(err)
+        if failure is not None:  # expected: one line on stderr, the traceback here
+            trace = "".join(traceback.format_exception(err))
+            logs.event(
+                "run_failed",
+                error=type(err).__name__,
+                message=failure[1],
+                exit_code=failure[0],
+                traceback=trace,
+            )
         raise
     finally:
         logs.close()

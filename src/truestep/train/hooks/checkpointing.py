@@ -11,8 +11,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from truestep.checkpoint.catalog import committed_dirs
+from truestep.checkpoint.errors import CheckpointContentError, ResumeError
 from truestep.checkpoint.init_from import load_init_weights
-from truestep.checkpoint.resolver import resolve_rollback, resolve_start
+from truestep.checkpoint.resolver import quarantine_logged, resolve_rollback, resolve_start
 from truestep.checkpoint.saver import Checkpointer
 from truestep.checkpoint.state import restore
 from truestep.core.names import CHECKPOINTS_DIR
@@ -50,10 +51,8 @@ class CheckpointHook(Hook):
         )
         set_fault_context(newest_committed=lambda: next(iter(committed_dirs(root)), None))
         with _phase(trainer, Phase.RESTORE):
-            ckpt_dir = resolve_start(root, cfg, trainer.ctx, trainer.logs)
-            if ckpt_dir is not None:
-                self._restore(trainer, ckpt_dir)
-            elif cfg.init_from:
+            ckpt_dir = self._resume(trainer, root)
+            if ckpt_dir is None and cfg.init_from:
                 # A fresh run starting from given weights (e.g. imported from Hugging Face); collective.
                 facts = load_init_weights(trainer.model, cfg.init_from, cfg.verify_checksums, trainer.ctx)
                 trainer.logs.event("init_from", **facts)
@@ -67,6 +66,23 @@ class CheckpointHook(Hook):
                         flush=True,
                     )
 
+    def _resume(self, trainer: Trainer, root: Path) -> Path | None:
+        """Collective. Resolve and restore; a checkpoint whose bytes turn out bad while loading (it
+        verified, but e.g. a tensor is stored in another dtype than declared) is quarantined and the
+        next older one is tried, exactly as if it had failed verification. Every piece of state comes
+        from the checkpoint finally loaded: the failed attempt's partial load is overwritten entirely."""
+        cfg = trainer.cfg.checkpoint
+        while True:
+            ckpt_dir = resolve_start(root, cfg, trainer.ctx, trainer.logs)
+            if ckpt_dir is None:
+                return None
+            try:
+                self._restore(trainer, ckpt_dir)
+                return ckpt_dir
+            except CheckpointContentError as err:  # raised on every rank: DCP gathers load failures
+                if trainer.ctx.is_main:
+                    quarantine_logged(ckpt_dir, f"failed to load: {err}", trainer.logs)
+
     def _restore(self, trainer: Trainer, ckpt_dir: Path) -> None:
         assert self.checkpointer is not None
         started = time.perf_counter()
@@ -74,6 +90,12 @@ class CheckpointHook(Hook):
         facts = restore(
             trainer, ckpt_dir, trainer.cfg.checkpoint, trainer.ctx, trainer.trajectory_keys, trainer.logs
         )
+        if trainer.state.step > trainer.cfg.train.max_steps:
+            raise ResumeError(
+                f"{ckpt_dir} is at step {trainer.state.step}, beyond train.max_steps="
+                f"{trainer.cfg.train.max_steps}: it belongs to a longer run. Raise train.max_steps to continue "
+                "it, or use another run directory"
+            )
         trainer.status.step = trainer.state.step
         self.checkpointer.last_saved_step = trainer.state.step
         trainer.logs.event(

@@ -1,0 +1,306 @@
+"""Hugging Face Llama directory -> weights-only truestep checkpoint (`truestep import-hf`).
+
+An HF directory from someone else is untrusted input, so nothing it declares is believed before it is
+checked against what is actually there, and nothing is allocated before that:
+
+1. `config.json` (and `generation_config.json`, the index) are read as bounded regular files (a FIFO is
+   refused, never opened for reading) and must describe a valid truestep model (`validate_model`);
+2. the weight files are the index's entries, each a plain file name inside the directory (no `/`, no
+   `..`: the Hugging Face cache's own symlinks into its blob store are followed, names that leave the
+   directory are not), each a regular file;
+3. every file's safetensors *header* is read first (names, dtypes, shapes; safetensors checks that the
+   header's byte ranges fit the file): a tensor stored twice (in two shards, or not where the index says)
+   is refused, non-float dtypes are refused, and the shapes (the layer count first) are compared with what
+   `config.json` implies before a byte of tensor data is read;
+4. only then are tensors read, one at a time, and each must be finite.
+Only safetensors are read: pickled `.bin` weights are refused.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import stat
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from truestep.checkpoint.weights import (
+    TensorMeta,
+    WeightsError,
+    expected_shapes,
+    layer_count_problem,
+    model_overrides,
+    problem_list,
+    shape_problems,
+)
+from truestep.checkpoint.weights_only import write_weights_checkpoint
+from truestep.core.fsio import OversizeFileError, UnsafePathError, plain_file_name, read_regular
+from truestep.data.errors import DataError
+from truestep.data.tokenizer import HFTokenizer
+from truestep.data.tokenizer_files import TOKENIZER_FILES, TOKENIZER_JSON
+from truestep.interop.errors import InteropError
+from truestep.interop.hf_config import ARCHITECTURE, CONFIG, model_config_from_hf, special_token_ids
+from truestep.interop.names import from_hf, to_hf
+from truestep.interop.tokenizer_export import GENERATION_CONFIG
+
+SINGLE_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+MAX_JSON_BYTES = 64 << 20
+"""config.json is a few KB and an index a few MB; a tokenizer.json tens of MB."""
+FLOAT_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "F64": torch.float64}
+"""safetensors dtypes a Llama checkpoint's weights may have; anything else (integers, fp8, bool) is refused."""
+_OS_ERROR = re.compile(r"\(os error (\d+)\)")
+
+
+def safetensors_module() -> Any:
+    try:
+        import safetensors.torch
+    except ImportError as err:
+        raise InteropError(
+            "Hugging Face interop needs the safetensors package: pip install 'truestep[hf]'"
+        ) from err
+    return safetensors
+
+
+def safetensors_failure(err: Exception, path: Path, doing: str) -> Exception:
+    """A safetensors error as truestep's: an OSError (`(os error 28)` is a full disk) or an InteropError."""
+    found = _OS_ERROR.search(str(err))
+    if found:
+        number = int(found.group(1))
+        return OSError(number, os.strerror(number), str(path))
+    return InteropError(f"{path}: {doing}: {err}")
+
+
+def read_hf_json(path: Path, required: bool = True) -> Any:
+    """A JSON file of an HF directory (symlinks followed, as in the HF cache; never a FIFO; bounded)."""
+    try:
+        data = read_regular(path, MAX_JSON_BYTES, follow_symlinks=True)
+    except FileNotFoundError:
+        if required:
+            raise InteropError(f"{path.parent}: no {path.name}; not a Hugging Face model directory") from None
+        return None
+    except (UnsafePathError, OversizeFileError) as err:
+        raise InteropError(f"{path}: {err.strerror if isinstance(err, OSError) else err}") from None
+    try:
+        return json.loads(data)
+    except (ValueError, RecursionError) as err:  # JSONDecodeError, UnicodeDecodeError, huge ints, nesting
+        raise InteropError(f"{path}: not valid JSON: {type(err).__name__}: {str(err)[:200]}") from None
+
+
+def _regular(path: Path, why: str) -> Path:
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        raise InteropError(f"{why} names {path.name}, which does not exist") from None
+    if not stat.S_ISREG(mode):
+        raise InteropError(f"{why} names {path.name}, which is not a regular file")
+    return path
+
+
+def weight_files(hf_dir: Path) -> tuple[list[Path], dict[str, str] | None]:
+    """The safetensors files to read and the index's weight map (None without an index)."""
+    index_path = hf_dir / INDEX_FILE
+    if os.path.lexists(index_path):
+        index = read_hf_json(index_path)
+        weight_map = index.get("weight_map") if isinstance(index, dict) else None
+        if not isinstance(weight_map, dict) or not weight_map:
+            raise InteropError(f"{index_path}: not a safetensors index (no weight_map table)")
+        bad = [
+            f"{k!r:.60}: {v!r:.60}"
+            for k, v in weight_map.items()
+            if not isinstance(k, str) or not plain_file_name(v)
+        ]
+        if bad:
+            raise InteropError(
+                f"{index_path}: weight_map entries must name files inside the directory: {', '.join(bad[:3])}"
+            )
+        files = sorted(set(weight_map.values()))
+        return [_regular(hf_dir / name, str(index_path)) for name in files], weight_map
+    if os.path.lexists(hf_dir / SINGLE_FILE):
+        return [_regular(hf_dir / SINGLE_FILE, str(hf_dir))], None
+    if any(hf_dir.glob("*.bin")) or any(hf_dir.glob("*.pt")) or any(hf_dir.glob("*.pth")):
+        raise InteropError(
+            f"{hf_dir} holds only pickled weights (.bin/.pt): only safetensors are imported, since loading "
+            "a pickle can run code; convert with transformers (save_pretrained(..., safe_serialization=True))"
+        )
+    raise InteropError(f"{hf_dir}: no {SINGLE_FILE} or {INDEX_FILE}")
+
+
+def _headers(
+    files: list[Path], weight_map: dict[str, str] | None
+) -> tuple[dict[str, tuple[Path, str, TensorMeta]], list[str]]:
+    """HF name -> (file, safetensors dtype, meta) from the headers alone, and the unknown names."""
+    st = safetensors_module()
+    found: dict[str, tuple[Path, str, TensorMeta]] = {}
+    unknown: list[str] = []
+    for path in files:
+        try:
+            with st.safe_open(str(path), framework="pt", device="cpu") as handle:
+                for name in handle.keys():  # noqa: SIM118 - safe_open is not a mapping
+                    piece = handle.get_slice(name)
+                    kind, shape = piece.get_dtype(), tuple(piece.get_shape())
+                    if name in found:
+                        raise InteropError(
+                            f"{name} is stored twice: in {found[name][0].name} and in {path.name}"
+                        )
+                    if weight_map is not None and weight_map.get(name) != path.name:
+                        where = weight_map.get(name)
+                        raise InteropError(
+                            f"{name} is stored in {path.name}, but {INDEX_FILE} "
+                            + (f"says {where}" if where else "does not list it")
+                        )
+                    fqn = from_hf(name)
+                    if fqn is None:
+                        if not name.endswith(
+                            "rotary_emb.inv_freq"
+                        ):  # a derived buffer some old exports carry
+                            unknown.append(name)
+                        continue
+                    if kind not in FLOAT_DTYPES:
+                        raise InteropError(
+                            f"{path.name}: {name} is stored as {kind}; only float weights "
+                            f"({', '.join(FLOAT_DTYPES)}) are imported (integer or fp8 tensors mean a quantized "
+                            "or non-Llama checkpoint)"
+                        )
+                    found[name] = (path, kind, TensorMeta(shape, FLOAT_DTYPES[kind]))
+        except InteropError:
+            raise
+        except Exception as err:  # SafetensorError (bad header, truncated file), OSError
+            raise safetensors_failure(err, path, "not a readable safetensors file") from err
+    if weight_map is not None:
+        missing = sorted(set(weight_map) - set(found) - set(unknown))
+        if missing:
+            raise InteropError(f"{INDEX_FILE} lists tensors no file holds: {', '.join(missing[:5])}")
+    return found, unknown
+
+
+def _read_tensors(headers: dict[str, tuple[Path, str, TensorMeta]]) -> dict[str, torch.Tensor]:
+    """truestep FQN -> fp32 tensor, read one at a time; refuses a non-finite value."""
+    st = safetensors_module()
+    by_file: dict[Path, list[str]] = {}
+    for name, (path, _, _) in headers.items():
+        by_file.setdefault(path, []).append(name)
+    state: dict[str, torch.Tensor] = {}
+    for path, names in by_file.items():
+        try:
+            with st.safe_open(str(path), framework="pt", device="cpu") as handle:
+                for name in names:
+                    tensor = handle.get_tensor(name).to(torch.float32).contiguous()
+                    if not bool(torch.isfinite(tensor).all()):
+                        raise InteropError(
+                            f"{path.name}: {name} holds NaN or infinite values; refusing to import it"
+                        )
+                    state[from_hf(name) or name] = tensor
+        except InteropError:
+            raise
+        except (RuntimeError, MemoryError) as err:
+            if "allocate" in str(err) or isinstance(err, MemoryError):
+                raise InteropError(f"{path}: not enough memory to read its tensors: {err}") from err
+            raise safetensors_failure(err, path, "tensor data does not load") from err
+        except Exception as err:  # SafetensorError, OSError
+            raise safetensors_failure(err, path, "tensor data does not load") from err
+    return state
+
+
+def _special_tokens(hf: dict[str, Any], hf_dir: Path, vocab_size: int) -> dict[str, Any]:
+    """bos/eos/pad ids of config.json, completed from generation_config.json where config.json has none."""
+    found = special_token_ids(hf, vocab_size, str(hf_dir / CONFIG))
+    if any(value is None for value in found.values()):
+        extra = read_hf_json(hf_dir / GENERATION_CONFIG, required=False)
+        if extra is not None:
+            if not isinstance(extra, dict):
+                raise InteropError(f"{hf_dir / GENERATION_CONFIG} is not a JSON object")
+            more = special_token_ids(extra, vocab_size, str(hf_dir / GENERATION_CONFIG))
+            found = {key: found[key] if found[key] is not None else more[key] for key in found}
+    return found
+
+
+def _tokenizer_files(hf_dir: Path, special: dict[str, Any]) -> dict[str, bytes]:
+    """The tokenizer files of an HF directory (none without a tokenizer.json), checked to load."""
+    if not os.path.lexists(hf_dir / TOKENIZER_JSON):
+        return {}
+    files = {}
+    for name in TOKENIZER_FILES:
+        if os.path.lexists(hf_dir / name):
+            try:
+                files[name] = read_regular(
+                    _regular(hf_dir / name, str(hf_dir)), MAX_JSON_BYTES, follow_symlinks=True
+                )
+            except OversizeFileError as err:
+                raise InteropError(str(err)) from None
+    eos = special.get("eos_token_id")
+    try:
+        HFTokenizer(hf_dir / TOKENIZER_JSON, eos_id=(eos[0] if isinstance(eos, list) else eos))
+    except DataError as err:
+        raise InteropError(
+            f"{hf_dir}: {err}; remove the tokenizer files to import the weights alone"
+        ) from err
+    return files
+
+
+def import_hf(hf_dir: Path, out: Path) -> dict[str, Any]:
+    """Write the weights of an HF Llama directory as a weights-only truestep checkpoint (fp32).
+
+    The tokenizer files beside the weights are copied into the checkpoint (and covered by its manifest)
+    and the bos/eos/pad ids recorded in interop.json, so an export gives them back.
+    """
+    hf_dir = Path(hf_dir)
+    hf = read_hf_json(hf_dir / CONFIG)
+    cfg = model_config_from_hf(hf, str(hf_dir / CONFIG))
+    special = _special_tokens(hf, hf_dir, cfg.vocab_size)
+    tokenizer_files = _tokenizer_files(hf_dir, special)
+    headers, unknown = _headers(*weight_files(hf_dir))
+    if unknown:
+        biases = [n for n in unknown if n.endswith(".bias")]
+        what = (
+            "bias tensors (biases are not supported)" if biases else "tensors truestep's Llama does not have"
+        )
+        raise InteropError(f"{hf_dir}: {what}: {', '.join(unknown[:8])}")
+    meta = {from_hf(name) or name: entry[2] for name, entry in headers.items()}
+    if cfg.tie_embeddings and "tok_embeddings.weight" in meta:
+        # transformers ties lm_head to embed_tokens and usually omits it from the files
+        meta["output.weight"] = meta["tok_embeddings.weight"]
+    elif not cfg.tie_embeddings and "output.weight" not in meta:
+        raise InteropError(f"{hf_dir}: lm_head.weight missing although tie_word_embeddings is false")
+    layers = layer_count_problem(meta, cfg.n_layers, "safetensors", f"{CONFIG} implies")
+    if layers:
+        raise InteropError(f"{hf_dir}: the weights do not match {CONFIG}: {layers}")
+    try:
+        expected = expected_shapes(cfg)
+    except WeightsError as err:
+        raise InteropError(f"{hf_dir / CONFIG}: {err}") from None
+    problems = shape_problems(meta, expected, to_hf, "safetensors", f"{CONFIG} implies")
+    if problems:
+        raise InteropError(f"{hf_dir}: the weights do not match {CONFIG}: {problem_list(problems)}")
+    state = _read_tensors(headers)
+    if cfg.tie_embeddings:
+        state["output.weight"] = state["tok_embeddings.weight"]
+    dtypes = sorted({str(entry[2].dtype).removeprefix("torch.") for entry in headers.values()})
+    source = {
+        "type": "huggingface",
+        "path": str(hf_dir.resolve()),
+        "architecture": ARCHITECTURE,
+        "dtypes": dtypes,
+        "config": hf,
+    }
+    record = {"files": list(tokenizer_files), **special}
+    step_dir = write_weights_checkpoint(
+        Path(out), state, cfg, source, extra_files=tokenizer_files, extra_info={"tokenizer": record}
+    )
+    n_params = sum(
+        t.numel() for fqn, t in state.items() if not (cfg.tie_embeddings and fqn == "output.weight")
+    )
+    return {
+        "hf_dir": str(hf_dir),
+        "checkpoint": str(step_dir),
+        "tensors": len(state),
+        "parameters": n_params,
+        "source_dtypes": dtypes,
+        "model": cfg,
+        "model_overrides": model_overrides(cfg),
+        "tokenizer_files": list(tokenizer_files),
+        "special_tokens": special,
+    }

@@ -1,0 +1,495 @@
+"""Hostile checkpoints (issue 12, classes 2-5): storage paths confined, declared sizes bounded by the
+bytes present, every parse failure a verification failure, and the cross-checks between the files.
+
+No training here: every case is crafted around a copy of the shared reference run's step-6 checkpoint
+(tests/conftest.py) and *recommitted* (manifest and marker rewritten to match, as anyone who can write
+the directory can), so it is the check beyond the manifest's hashes that must catch it. Each case is
+judged the way every consumer judges it: `verification_problem` (resume, export, init_from, generate),
+`pick_resume` (quarantine and fall back to step 3), and `truestep ckpt verify|inspect|list` (one line,
+never a crash, never a hang).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from ckpt_cases import ckpt, file_hashes
+from hostile_cases import (
+    METADATA,
+    RANK0,
+    SHARD,
+    copy_step,
+    edit_metadata,
+    edit_rank_state,
+    listing,
+    mkfifo,
+    one_line,
+    recommit,
+    run_cli,
+    within,
+)
+from truestep.checkpoint.catalog import MANIFEST, MARKER, QUARANTINE, step_dir_name, step_dirs
+from truestep.checkpoint.integrity import verification_problem, verify
+from truestep.checkpoint.manifest import VerifyError
+from truestep.checkpoint.resolver import CheckpointNotFound, find_verified, pick_resume
+from truestep.checkpoint.weights import WeightsError, load_model_tensors
+from truestep.cli.ckpt import ckpt_main
+from truestep.config.schema import CheckpointConfig
+from truestep.telemetry.run_logs import RunLogs
+
+
+@pytest.fixture
+def root(reference, tmp_path) -> Path:
+    """A checkpoint root holding copies of the reference's steps 3 and 6 (6 is the one to craft)."""
+    root = tmp_path / "checkpoints"
+    for step in (3, 6):
+        copy_step(ckpt(reference, step), root)
+    return root
+
+
+def six(root: Path) -> Path:
+    return root / step_dir_name(6)
+
+
+def judged_everywhere(root: Path, why: str) -> None:
+    """Step 6 fails verification with `why` everywhere it is looked at, and resume falls back to 3."""
+    d = six(root)
+    problem = within(30, lambda: verification_problem(d, checksums=True))
+    assert problem is not None and why in problem, problem
+    with pytest.raises(CheckpointNotFound, match="does not verify"):
+        find_verified(d, checksums=True)
+    rc, out, err = within(30, lambda: run_cli(ckpt_main, "verify", d))
+    assert rc == 1 and why in one_line(err), err
+    for action in ("inspect", "list"):
+        rc, out, err = within(
+            30, lambda action=action: run_cli(ckpt_main, action, d if action == "inspect" else root)
+        )
+        assert rc == 0 and err == "", err
+    logs = RunLogs(root.parent, attempt=0, enabled=True)
+    try:
+        assert within(30, lambda: pick_resume(root, CheckpointConfig(), logs)) == 3
+    finally:
+        logs.close()
+    (moved,) = (root / QUARANTINE).iterdir()
+    assert moved.name.startswith("step_00000006.")
+
+
+# ---------------------------------------------------------------------------------------------- class 2
+
+
+def _point_storage_at(target: str):
+    def edit(metadata):
+        for info in metadata.storage_data.values():
+            info.relative_path = target
+
+    return edit
+
+
+@pytest.mark.parametrize(
+    "target",
+    ["../step_00000003/" + SHARD, "/etc/passwd", "ABSOLUTE", "./" + SHARD, "", "..", "sub/" + SHARD],
+)
+def test_storage_path_outside_the_checkpoint_is_refused(root, target):
+    """The issue's case first: `.metadata` pointing at the previous step's shard verified and resumed
+    another step's weights. Now no storage path but a plain file name inside the directory is read."""
+    if target == "ABSOLUTE":
+        target = str(root / step_dir_name(3) / SHARD)  # a real shard, absolutely named
+    edit_metadata(six(root), _point_storage_at(target))
+    judged_everywhere(root, "is not a plain file name inside the checkpoint")
+
+
+def test_storage_path_naming_a_symlink_is_refused(root):
+    d = six(root)
+    os.symlink(root / step_dir_name(3) / SHARD, d / "link.distcp")
+    edit_metadata_no_recommit(d, _point_storage_at("link.distcp"))
+    recommit(d, files={**listing(d), "link.distcp": {"size": 1, "sha256": "0" * 64}})
+    judged_everywhere(root, "link.distcp is a symlink, not a regular file")
+
+
+def test_storage_path_naming_a_fifo_hangs_nothing(root):
+    """A FIFO named by the metadata blocked every loader forever, and verification only looked at
+    regular files: now it is refused (by lstat) before anything opens it."""
+    d = six(root)
+    mkfifo(d / "shard.distcp")
+    edit_metadata_no_recommit(d, _point_storage_at("shard.distcp"))
+    recommit(d, files={**listing(d), "shard.distcp": {"size": 0, "sha256": "0" * 64}})
+    judged_everywhere(root, "shard.distcp is a FIFO, not a regular file")
+
+
+@pytest.mark.parametrize("name", [METADATA, RANK0, MANIFEST, MARKER])
+def test_a_fifo_in_place_of_any_checkpoint_file_hangs_nothing(root, name):
+    d = six(root)
+    (d / name).unlink()
+    mkfifo(d / name)
+    judged_everywhere(root, "FIFO")
+
+
+def test_storage_file_not_in_the_manifest_is_refused(root):
+    """A file the manifest does not list is never part of a checkpoint, whatever the metadata says."""
+    d = six(root)
+    shutil.copy(d / SHARD, d / "extra.distcp")
+    edit_metadata_no_recommit(d, _point_storage_at("extra.distcp"))
+    recommit(d, files=listing(d, skip=("extra.distcp",)))
+    judged_everywhere(root, "files not in the manifest: extra.distcp")
+
+
+def edit_metadata_no_recommit(d: Path, edit) -> None:
+    import pickle
+
+    from truestep.checkpoint.safe_dcp import safe_load_metadata
+
+    metadata = safe_load_metadata((d / METADATA).read_bytes())
+    edit(metadata)
+    (d / METADATA).write_bytes(pickle.dumps(metadata))
+
+
+# ---------------------------------------------------------------------------------------------- class 3
+
+
+def _tensor(metadata, fqn="model.tok_embeddings.weight"):
+    return metadata.state_dict_metadata[fqn]
+
+
+def _huge_declared(metadata):
+    """Declare the embedding (and its one chunk) 10^6 times larger: 2 TB for the allocator to try."""
+    item = _tensor(metadata)
+    item.size = torch.Size([512 * 10**6, 64])
+    item.chunks[0].sizes = torch.Size([512 * 10**6, 64])
+
+
+def _chunk_beyond_size(metadata):
+    _tensor(metadata).chunks[0].sizes = torch.Size([1024, 64])
+
+
+def _chunks_do_not_cover(metadata):
+    _tensor(metadata).size = torch.Size([1024, 64])
+
+
+def _range_beyond_file(metadata):
+    info = next(iter(metadata.storage_data.values()))
+    info.offset = 10**12
+
+
+def _negative_length(metadata):
+    next(iter(metadata.storage_data.values())).length = -5
+
+
+def _transforms(metadata):
+    next(iter(metadata.storage_data.values())).transform_descriptors = ["zstd"]
+
+
+SIZE_CASES = {
+    "huge-declared-tensor": (_huge_declared, "declares 131072000000 bytes of float32 but stores"),
+    "chunk-beyond-size": (_chunk_beyond_size, "exceeds [512, 64]"),
+    "chunks-do-not-cover": (_chunks_do_not_cover, "chunks hold 32768 elements, the declared size [1024, 64]"),
+    "range-beyond-file": (_range_beyond_file, "beyond the end of __0_0.distcp"),
+    "negative-length": (_negative_length, "is not two integers >= 0"),
+    "storage-transforms": (_transforms, "storage transforms ['zstd'] refused"),
+}
+
+
+@pytest.mark.parametrize("case", list(SIZE_CASES))
+def test_declared_sizes_are_bounded_by_the_bytes_present(root, case):
+    edit, why = SIZE_CASES[case]
+    edit_metadata(six(root), edit)
+    judged_everywhere(root, why)
+
+
+def test_a_huge_declared_tensor_fails_with_a_message_not_an_allocation(root):
+    """Even read without verification (weights.load_model_tensors: export, generate), the declared size
+    is compared with the stored bytes before anything is allocated: fast, and a message."""
+    edit_metadata(six(root), _huge_declared)
+    started = time.perf_counter()
+    with pytest.raises(WeightsError, match="declares 131072000000 bytes of float32 but stores"):
+        load_model_tensors(six(root))
+    assert time.perf_counter() - started < 10
+
+
+# ---------------------------------------------------------------------------------------------- class 4
+
+
+def _nested(depth: int) -> str:
+    return "[" * depth + "]" * depth
+
+
+def _marker_nested(d: Path) -> None:
+    (d / MARKER).write_text('{"step": 6, "x": ' + _nested(100_000) + "}")
+
+
+def _manifest_nested(d: Path) -> None:
+    blob = ('{"files": ' + _nested(100_000) + "}").encode()
+    (d / MANIFEST).write_bytes(blob)
+    from truestep.checkpoint.manifest import write_marker
+
+    write_marker(d, 6, blob)
+
+
+def _marker_huge_int(d: Path) -> None:
+    (d / MARKER).write_text('{"step": ' + "9" * 5000 + "}")
+
+
+def _rank_huge_int(d: Path) -> None:
+    text = (d / RANK0).read_text()
+    (d / RANK0).write_text(text.replace('"step":6', '"step":' + "9" * 5000, 1))
+    recommit(d)
+
+
+def _rank_not_json(d: Path) -> None:
+    (d / RANK0).write_bytes(b"\x80\x04K\x01.")
+    recommit(d)
+
+
+def _empty_metadata(d: Path) -> None:
+    from torch.distributed.checkpoint.metadata import Metadata
+
+    edit_metadata(d, lambda _: Metadata(state_dict_metadata={}))
+
+
+def _metadata_storage_list(d: Path) -> None:
+    def edit(metadata):
+        metadata.storage_data = list(metadata.storage_data.values())
+
+    edit_metadata(d, edit)
+
+
+def _metadata_size_strings(d: Path) -> None:
+    def edit(metadata):
+        _tensor(metadata).chunks = "no chunks"
+
+    edit_metadata(d, edit)
+
+
+def _metadata_not_pickle(d: Path) -> None:
+    (d / METADATA).write_bytes(b"not a pickle at all")
+    recommit(d)
+
+
+def _metadata_missing(d: Path) -> None:
+    (d / METADATA).unlink()
+    recommit(d)
+
+
+def _manifest_entry_outside(d: Path) -> None:
+    recommit(d, files={**listing(d), "../step_00000003/" + SHARD: {"size": 1, "sha256": "0" * 64}})
+
+
+def _manifest_digest_list(d: Path) -> None:
+    files = listing(d)
+    files[SHARD]["sha256"] = ["not", "a", "digest"]
+    recommit(d, files=files)
+
+
+PARSE_CASES = {
+    "marker-nested-json": (_marker_nested, "COMMITTED is not valid JSON: RecursionError"),
+    "manifest-nested-json": (_manifest_nested, "manifest.json is not valid JSON: RecursionError"),
+    "marker-5000-digit-step": (_marker_huge_int, "COMMITTED is not valid JSON: ValueError"),
+    "rank-5000-digit-step": (_rank_huge_int, "rank00000.json is not valid JSON: ValueError"),
+    "rank-state-a-pickle": (_rank_not_json, "rank00000.json is not valid JSON"),
+    "empty-metadata": (_empty_metadata, "state_dict_metadata is empty"),
+    "metadata-storage-a-list": (_metadata_storage_list, "storage_data is empty or not a table"),
+    "metadata-chunks-a-string": (_metadata_size_strings, "model.tok_embeddings.weight: no chunk list"),
+    "metadata-not-a-pickle": (_metadata_not_pickle, "not valid DCP metadata"),
+    "metadata-missing": (_metadata_missing, "no DCP .metadata listed in the manifest"),
+    "manifest-entry-outside": (_manifest_entry_outside, "manifest names paths outside the checkpoint"),
+    "manifest-digest-a-list": (_manifest_digest_list, "malformed SHA-256 in the manifest"),
+}
+
+
+@pytest.mark.parametrize("case", list(PARSE_CASES))
+def test_every_parse_failure_is_a_verification_failure(root, case):
+    craft, why = PARSE_CASES[case]
+    craft(six(root))
+    judged_everywhere(root, why)
+
+
+def test_a_quarantine_path_that_is_a_file_is_one_refusal_not_a_traceback(root):
+    """Resume cannot set the bad checkpoint aside: it refuses (exit 3) saying what to move, and moves
+    nothing else."""
+    from truestep.checkpoint.errors import SetAsideError
+
+    _metadata_not_pickle(six(root))
+    (root / QUARANTINE).write_text("not a directory")
+    logs = RunLogs(root.parent, attempt=0, enabled=True)
+    try:
+        with pytest.raises(
+            SetAsideError, match=r"quarantine: that path is not a directory\. Move it out of the way"
+        ):
+            pick_resume(root, CheckpointConfig(), logs)
+    finally:
+        logs.close()
+    assert [p.name for p in step_dirs(root)] == [step_dir_name(6), step_dir_name(3)]
+
+
+def test_ckpt_views_do_not_walk_through_a_symlink_to_root(root):
+    """`step_*` links to / are not checkpoints: list, verify and inspect never descend into them (a walk
+    of / would take minutes here), and resume moves the link (not its target) to quarantine/."""
+    os.symlink("/", root / step_dir_name(9))
+    os.symlink("/", six(root) / "planted-link")
+    started = time.perf_counter()
+    rc, out, err = run_cli(ckpt_main, "list", root, "--json")
+    assert rc == 0, err
+    listed = json.loads(out)["checkpoints"]
+    assert [e["name"] for e in listed] == [step_dir_name(6), step_dir_name(3)]
+    assert "planted-link is a symlink" in listed[0]["reason"]
+    rc, out, err = run_cli(ckpt_main, "inspect", six(root), "--json")
+    assert rc == 0 and json.loads(out)["verified"] is False
+    assert time.perf_counter() - started < 20
+    logs = RunLogs(root.parent, attempt=0, enabled=True)
+    try:
+        assert pick_resume(root, CheckpointConfig(), logs) == 3
+    finally:
+        logs.close()
+    moved = sorted(p.name for p in (root / QUARANTINE).iterdir())
+    assert moved[0].startswith("step_00000006.") and moved[1].startswith("step_00000009.")
+    assert (root / QUARANTINE / moved[1]).is_symlink() and os.path.isdir("/")
+
+
+# ---------------------------------------------------------------------------------------------- class 5
+
+
+def test_a_renamed_directory_does_not_resume_as_its_old_step(root):
+    """step_00000006 renamed to step_00000008 with marker and manifest rewritten to say 8: its rank
+    state still says 6, so it is not step 8 (resuming it would relabel step 6 as step 8)."""
+    d = six(root).rename(root / step_dir_name(8))
+    recommit(d)
+    with pytest.raises(VerifyError, match="rank00000.json records step 6, the directory and marker say 8"):
+        verify(d, checksums=True)
+    logs = RunLogs(root.parent, attempt=0, enabled=True)
+    try:
+        assert pick_resume(root, CheckpointConfig(), logs) == 3
+    finally:
+        logs.close()
+
+
+def test_a_step_of_a_billion_in_the_rank_state_is_refused(root):
+    def edit(record):
+        record["train_state"]["step"] = 10**9
+
+    edit_rank_state(six(root), edit)
+    judged_everywhere(root, "rank00000.json records step 1000000000, the directory and marker say 6")
+
+
+@pytest.mark.parametrize(
+    "field,value,why",
+    [
+        ("rank", 1, "rank00000.json records rank 1"),
+        ("layout", {"world_size": 2, "dp": 2, "tp": 1}, "1 rank-state files for world_size 2"),
+        ("train_state", {"step": True}, "records step True"),
+    ],
+)
+def test_rank_state_must_match_the_directory(root, field, value, why):
+    def edit(record):
+        record[field] = value if field != "train_state" else {**record["train_state"], **value}
+
+    edit_rank_state(six(root), edit)
+    judged_everywhere(root, why)
+
+
+def test_manifest_step_must_match(root):
+    d = six(root)
+    manifest = json.loads((d / MANIFEST).read_text())
+    manifest["step"] = 3
+    recommit(d, files=manifest["files"])  # recommit writes step 6 into the manifest...
+    manifest_path = d / MANIFEST
+    blob = json.dumps({**json.loads(manifest_path.read_text()), "step": 3}).encode()
+    manifest_path.write_bytes(blob)
+    from truestep.checkpoint.manifest import write_marker
+
+    write_marker(d, 6, blob)  # ...so say 3 there after all, consistently with the marker
+    judged_everywhere(root, "manifest records step 3, the directory says 6")
+
+
+def test_a_dtype_the_stored_bytes_contradict_is_refused_when_read(root):
+    """The metadata says bfloat16, the stored chunk is float32: DCP would cast silently. Reading refuses
+    (verification only sizes and hashes the shards; the resume falls back in process, see
+    test_hostile_resume.py)."""
+    edit_metadata(
+        six(root), lambda m: setattr(_tensor(m, "model.norm.weight").properties, "dtype", torch.bfloat16)
+    )
+    assert verification_problem(six(root), checksums=True) is None
+    with pytest.raises(
+        WeightsError, match="model.norm.weight: stored as float32, the metadata declares bfloat16"
+    ):
+        load_model_tensors(six(root))
+
+
+def test_a_committed_step_directory_that_is_a_symlink_is_never_followed(root, tmp_path):
+    """A symlinked step_00000012 is not a checkpoint: not listed, not resumed from, not removed by
+    retention (whose rmtree crashed on it), moved to quarantine/ as a link by the resolver."""
+    from truestep.checkpoint.catalog import committed_dirs
+
+    elsewhere = copy_step(six(root), tmp_path / "elsewhere", step=12)
+    recommit(elsewhere)
+    before = file_hashes(elsewhere)
+    os.symlink(elsewhere, root / step_dir_name(12))
+    assert [p.name for p in committed_dirs(root)] == [step_dir_name(6), step_dir_name(3)]
+    logs = RunLogs(root.parent, attempt=0, enabled=True)
+    try:
+        assert pick_resume(root, CheckpointConfig(), logs) == 6
+    finally:
+        logs.close()
+    assert not os.path.lexists(root / step_dir_name(12))
+    assert file_hashes(elsewhere) == before  # the target was not touched
+
+
+def test_export_to_torch_refuses_an_existing_file(reference, tmp_path):
+    from truestep.cli.interop import interop_main
+
+    src = ckpt(reference, 6)
+    victim = tmp_path / "weights.pt"
+    victim.write_bytes(b"precious")
+    link = tmp_path / "link.pt"
+    os.symlink(tmp_path / "target-that-does-not-exist", link)
+    for dest in (victim, link):
+        rc, out, err = run_cli(interop_main, "export", src, "--to", "torch", dest)
+        assert rc == 3 and "already exists; refusing to overwrite it" in one_line(err), err
+    # refused before the checkpoint is even looked for: no work for an output that cannot be written
+    rc, out, err = run_cli(interop_main, "export", tmp_path / "no-such-checkpoint", "--to", "torch", victim)
+    assert rc == 3 and "already exists; refusing to overwrite it" in one_line(err), err
+    assert victim.read_bytes() == b"precious"
+    assert not (tmp_path / "target-that-does-not-exist").exists()
+    rc, out, err = run_cli(interop_main, "export", src, "--to", "torch", tmp_path / "new.pt")
+    assert rc == 0, err
+    state = torch.load(tmp_path / "new.pt", weights_only=True)
+    assert state["norm.weight"].dtype == torch.float32
+
+
+@pytest.mark.parametrize("plant", ["symlink", "fifo"])
+def test_a_link_planted_in_a_checkpoint_being_committed_is_refused_not_published(tmp_path, plant):
+    """Someone else writes into the step directory between the shards and the commit: the manifest is
+    never written over a symlink's target or a FIFO, no marker is published, and the refusal is one
+    RefusedError (exit 3: a human must look at who writes into the run directory)."""
+    from concurrent.futures import Future
+
+    from truestep.checkpoint.saver import Checkpointer, PendingSave
+    from truestep.core.errors import RefusedError
+    from truestep.parallel.dist import DistContext
+
+    root = tmp_path / "checkpoints"
+    d = root / step_dir_name(4)
+    d.mkdir(parents=True)
+    (d / RANK0).write_text("{}")
+    if plant == "symlink":
+        (tmp_path / "victim").write_text("precious")
+        os.symlink(tmp_path / "victim", d / SHARD)
+    else:
+        mkfifo(d / SHARD)
+    logs = RunLogs(tmp_path, attempt=1, enabled=True)
+    checkpointer = Checkpointer(root, CheckpointConfig(), DistContext(), logs, {}, lambda: None, 1)
+    done: Future = Future()
+    done.set_result(None)
+    try:
+        with pytest.raises(RefusedError, match=rf"not committing .*{SHARD} is a (symlink|FIFO)"):
+            within(30, lambda: checkpointer._commit(PendingSave(4, d, done, time.perf_counter(), "interval")))
+    finally:
+        logs.close()
+    assert not (d / MARKER).exists() and not (d / MANIFEST).exists()
+    if plant == "symlink":
+        assert (tmp_path / "victim").read_text() == "precious"
