@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from functools import partial
 from pathlib import Path
 
@@ -81,7 +82,9 @@ def claim_run_dir(cfg: JobConfig, ctx: DistContext) -> Attempt:
 
 def run_training(cfg: JobConfig, status: RankStatus, attempt: Attempt | None) -> int:
     """Train this rank to the end (or a stop) and exit the process with the run's exit code."""
+    began = time.time()
     ctx = init_distributed(cfg)
+    rendezvous = {"began": began, "rendezvous_s": time.time() - began}
     clean = True
     try:
         if attempt is None:
@@ -89,7 +92,7 @@ def run_training(cfg: JobConfig, status: RankStatus, attempt: Attempt | None) ->
             if cfg.resilience.heartbeat:
                 run_dir, interval = Path(cfg.run.dir), cfg.resilience.heartbeat_interval_s
                 Heartbeat(run_dir, ctx.rank, attempt.number, status, interval).start()
-        code = _train(cfg, ctx, status, attempt)
+        code = _train(cfg, ctx, status, attempt, rendezvous)
     except TruestepError as err:
         if ctx.is_main:
             print(f"truestep train: {err}", file=sys.stderr, flush=True)
@@ -100,10 +103,13 @@ def run_training(cfg: JobConfig, status: RankStatus, attempt: Attempt | None) ->
     return code  # not reached: shutdown exits the process
 
 
-def _train(cfg: JobConfig, ctx: DistContext, status: RankStatus, attempt: Attempt) -> int:
+def _train(
+    cfg: JobConfig, ctx: DistContext, status: RankStatus, attempt: Attempt, rendezvous: dict[str, float]
+) -> int:
     run_dir = Path(cfg.run.dir)
     set_fault_context(run_dir=run_dir, attempt=attempt.number)
     logs = RunLogs(run_dir, attempt.number, enabled=ctx.is_main)
+    logs.event("rendezvous", **rendezvous)  # process group and mesh up: a phase of MTTR
     try:
         trainer = Trainer(cfg, ctx, logs, status)
         train_loop(trainer, build_hooks(attempt))
