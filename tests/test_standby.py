@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import LAYOUT_REFERENCE, LAYOUT_STEPS, LAYOUTS, events
+from harness import LAYOUT_REFERENCE, LAYOUT_STEPS, LAYOUTS, events, truestep_env
 from supervised import (
     alive,
     assert_matches_reference,
@@ -28,6 +28,7 @@ from supervised import (
     supervise,
     supervisor_events,
 )
+from truestep.config.load import load_config, to_toml
 from truestep.resilience.handoff import PER_ATTEMPT_ENV, adopted_env, env_differences
 from truestep.resilience.standby import RANK_COMMAND, Standby, StandbyPool
 from truestep.telemetry.jsonl import JsonlWriter, read_jsonl
@@ -177,6 +178,39 @@ def test_a_standby_that_does_not_fit_is_discarded_and_the_rank_starts_cold(tmp_p
     (discarded,) = [e for e in read_jsonl(tmp_path / "events.jsonl") if e["event"] == "standby_discarded"]
     assert discarded["reason"] == "the rank's environment differs in ['OMP_NUM_THREADS']"
     assert pool.standbys == {}
+
+
+def _real_pool(tmp_path: Path) -> tuple[StandbyPool, dict[str, str]]:
+    """A pool whose slot 0 has a real `truestep standby` for the tiny config, just started."""
+    config = tmp_path / "config.toml"
+    config.write_text(to_toml(load_config("tiny", [f"--run.dir={tmp_path / 'run'}"])))
+    env = truestep_env({"MASTER_PORT": "1", "TRUESTEP_ATTEMPT": "1"})
+    pool = StandbyPool(tmp_path, JsonlWriter(tmp_path / "events.jsonl"), enabled=True, heartbeats=False)
+    pool.templates[0] = ([*RANK_COMMAND, str(config)], env)
+    pool._spawn(0)
+    return pool, env
+
+
+def test_a_standby_still_importing_is_handed_its_rank_and_becomes_it(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    pool, env = _real_pool(tmp_path)
+    standby = pool.standbys[0].proc
+    rank = pool.launch(0, [*RANK_COMMAND, "--help"], env)  # at once: it is still importing torch
+    assert rank is standby
+    assert rank.wait(timeout=120) == 0, capfd.readouterr().err
+    assert "usage: truestep train" in capfd.readouterr().out  # it ran what a fresh rank runs
+    (handoff,) = [e for e in read_jsonl(tmp_path / "events.jsonl") if e["event"] == "standby_handoff"]
+    assert handoff["ready"] is False and handoff["pid"] == rank.pid
+
+
+def test_a_standby_closed_without_a_handoff_never_exits_0(tmp_path: Path) -> None:
+    """Exit 0 of a slot's process reads as a rank that finished: a standby that never became one must
+    not produce it (it did, while its ready report met a closed socket)."""
+    pool, _ = _real_pool(tmp_path)
+    standby = pool.standbys.pop(0)
+    standby.sock.close()
+    assert standby.proc.wait(timeout=120) == 1
 
 
 def test_a_standby_that_dies_before_it_is_ready_switches_warm_standby_off(

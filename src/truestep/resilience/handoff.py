@@ -18,6 +18,7 @@ Standard library only.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -102,16 +103,20 @@ def park(fd: int, warmup: Warmup) -> list[str]:
     sock = socket.socket(fileno=fd)
     undo = warmup()
     warmed_env = dict(os.environ)  # imports may set variables (torch._inductor sets its cache dir)
-    try:
-        send_line(sock, {"pid": os.getpid(), "warm_s": time.time() - started, **memory_kb()})
-        line = sock.makefile("rb").readline()
-    except OSError:
-        line = b""
+    ready = time.time()
+    # The supervisor may have handed this slot over, and closed its end, while we were still importing:
+    # then there is nobody to tell that we are ready, and the handoff is waiting to be read.
+    with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+        send_line(sock, {"pid": os.getpid(), "ready_at": ready, "warm_s": ready - started, **memory_kb()})
+    with sock.makefile("rb") as reader:
+        line = reader.readline()  # a handoff sent before the close is still here to read
     if not line:
-        os._exit(0)  # the supervisor is done with this slot (or gone): there is no rank to become
+        # The supervisor closed the slot without handing it over (or is gone). Never exit 0: a process
+        # of this slot that ends with 0 would read as a rank that finished training.
+        os._exit(ExitCode.FAILURE)
     received = time.time()
     handoff = json.loads(line)
-    sock.close()
+    sock.close()  # a fresh rank has no such descriptor either
     env, argv = handoff["env"], handoff["argv"]
     differ = env_differences(started_env, env)
     if differ:

@@ -56,7 +56,7 @@ class Standby:
     env: dict[str, str]
     spawned_at: float
     ready: dict[str, Any] | None = None
-    """The standby's ready report (pid, warm_s, memory), once it arrived."""
+    """The standby's ready report (pid, ready_at, warm_s, memory), once it arrived."""
     _buffer: bytes = field(default=b"", repr=False)
 
     def poll_ready(self) -> bool:
@@ -72,7 +72,7 @@ class Standby:
         self._buffer += chunk
         if b"\n" not in self._buffer:
             return False
-        self.ready = {**json.loads(self._buffer.split(b"\n", 1)[0]), "ready_at": time.time()}
+        self.ready = json.loads(self._buffer.split(b"\n", 1)[0])
         return True
 
     def close(self) -> None:
@@ -101,6 +101,7 @@ class StandbyPool:
         self.templates[slot] = (cmd, env)
         standby = self.standbys.pop(slot, None)
         if standby is not None:
+            standby.poll_ready()  # whether it is still importing, for the event
             reason = self._unfit(standby, cmd, env)
             if reason is None:
                 sent = time.time()
@@ -126,7 +127,6 @@ class StandbyPool:
         return f"the rank's environment differs in {differ}" if differ else None
 
     def _handed(self, standby: Standby, env: dict[str, str], sent: float) -> None:
-        standby.poll_ready()
         self.events.write(
             {
                 "event": "standby_handoff",
