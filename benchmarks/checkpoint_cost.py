@@ -3,8 +3,10 @@ same bytes, plus verify + restore, measured side by side in one process.
 
 One in-process Trainer (single process, no process group) with a model of a few hundred MB of fp32
 weights + AdamW moments (default dim 512 x 8 layers ~ 24M params ~ 290 MB of state). A few steps run
-first so the AdamW state exists. Then every repeat measures, in an order rotated from repeat to repeat
-so that machine noise hits every variant alike:
+first so the AdamW state exists. Then every repeat measures the four variants below, in an order that
+is rotated and reversed from repeat to repeat (ABCD DCBA BCDA ADCB ...), so that machine noise and
+drift hit every variant alike; each variant ends only when its checkpoint is committed, so nothing of
+one variant runs during the next:
 
   sync      checkpoint.async_save=false: Checkpointer.save() returns after DCP wrote and fsynced the
             shards and rank 0 committed (manifest with the SHA-256 of every file, then the marker);
@@ -14,13 +16,13 @@ so that machine noise hits every variant alike:
   async     Checkpointer.save() with async_save=true (staging copy + thread start: what the loop waits),
             then wait() at once: time until written and committed with nothing overlapping;
   overlap   the way the loop really runs it: save(), then training steps with Checkpointer.poll() after
-            each until the commit has happened. The poll that commits runs the manifest's SHA-256 pass
-            on the training thread, so it is reported as blocking too, as is the slowdown of the steps
-            that overlapped the background write;
+            each until the commit is done — the background write first, then the commit's SHA-256 pass
+            on rank 0's background thread: both compete with the steps, and the steps' extra time is
+            charged to the save, as is every poll;
   raw       one sequential write of the same number of bytes in 64 MiB chunks + fsync (disk bandwidth).
 
 "save() call" is timed around Checkpointer.save() (it includes the parameter digest taken before the
-save); "event blocking_s" is what the checkpoint_save event reports.
+save); "event ..." values are read back from the run's events.jsonl, as any tool would.
 
     OMP_NUM_THREADS=1 python benchmarks/checkpoint_cost.py [--repeats 5] [--dim 512] [--layers 8]
         [--interval 100] [--dir /path/on/the/checkpoint/filesystem] [--section.key=value ...]
@@ -29,12 +31,17 @@ save); "event blocking_s" is what the checkpoint_save event reports.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
-import statistics
 import tempfile
 import time
+import warnings
+from collections import defaultdict
 from pathlib import Path
+from typing import Any
+
+from bench_common import abba, load, median, spread
 
 from truestep.checkpoint.catalog import step_dir_name
 from truestep.checkpoint.integrity import verify
@@ -48,7 +55,33 @@ from truestep.telemetry.run_logs import RunLogs
 from truestep.train.trainer import Trainer
 
 RAW_CHUNK = 64 << 20
+# DCP says so at every save and load of a single process, which is what this benchmark is.
+warnings.filterwarnings("ignore", message="torch.distributed is disabled")
 VARIANTS = ("sync", "async", "overlap", "raw")
+
+
+class EventTail:
+    """The records appended to an events.jsonl since the last look (whole lines only)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path, self.offset, self.seen = path, 0, []
+
+    def last(self, event: str, since: float = 0.0) -> dict[str, Any] | None:
+        """The newest `event` record written at or after wall-clock `since`."""
+        with open(self.path, "rb") as f:
+            f.seek(self.offset)
+            data = f.read()
+        complete = data[: data.rfind(b"\n") + 1]
+        self.offset += len(complete)
+        self.seen += [json.loads(line) for line in complete.splitlines() if line.strip()]
+        found = [r for r in self.seen if r["event"] == event and r["time"] >= since]
+        return found[-1] if found else None
+
+    def value(self, event: str, key: str) -> float:
+        record = self.last(event)
+        if record is None:
+            raise KeyError(f"no {event} event in {self.path}")
+        return float(record[key])
 
 
 def dir_bytes(path: Path) -> int:
@@ -57,7 +90,7 @@ def dir_bytes(path: Path) -> int:
 
 def evict(path: Path) -> None:
     """Drop the (clean, fsynced) pages of every file under path from the page cache, no root needed."""
-    for p in path.rglob("*"):
+    for p in [path] if path.is_file() else path.rglob("*"):
         if p.is_file():
             fd = os.open(p, os.O_RDONLY)
             try:
@@ -67,54 +100,12 @@ def evict(path: Path) -> None:
                 os.close(fd)
 
 
-def raw_write(path: Path, nbytes: int, chunk: bytes) -> float:
-    started = time.perf_counter()
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        left = nbytes
-        while left > 0:
-            left -= os.write(fd, chunk[: min(left, len(chunk))])
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    elapsed = time.perf_counter() - started
-    evict(path)
-    path.unlink()
-    return elapsed
+class Bench:
+    """One Trainer and Checkpointer; each `run_*` measures one variant once into `res`."""
 
-
-def median(values: list[float]) -> float:
-    return statistics.median(values) if values else float("nan")
-
-
-def spread(values: list[float]) -> str:
-    if not values:
-        return "-"
-    if len(values) == 1:
-        return f"{values[0]:.3f}"
-    return f"{median(values):.3f}  ({min(values):.3f}-{max(values):.3f})"
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--preset", default="tiny")
-    parser.add_argument("--dim", type=int, default=512, help="model.dim")
-    parser.add_argument("--layers", type=int, default=8, help="model.n_layers")
-    parser.add_argument("--seq-len", type=int, default=64, help="data.seq_len (small: keeps steps short)")
-    parser.add_argument("--batch", type=int, default=2, help="train.global_batch_size")
-    parser.add_argument("--repeats", type=int, default=5, help="rounds of (sync, async, overlap, raw)")
-    parser.add_argument("--warmup-steps", type=int, default=2, help="steps before measuring (AdamW state)")
-    parser.add_argument("--steps", type=int, default=2, help="timed plain steps per repeat (step time)")
-    parser.add_argument("--max-overlap-steps", type=int, default=100, help="cap on steps in `overlap`")
-    parser.add_argument("--interval", type=int, default=100, help="checkpoint interval for the amortized %%")
-    parser.add_argument("--dir", default=None, help="parent of the temporary run dir (default: system tmp)")
-    args, overrides = parser.parse_known_args()
-
-    with tempfile.TemporaryDirectory(prefix="truestep-ckpt-bench-", dir=args.dir) as tmp:
-        run_dir = Path(tmp)
-        cfg = load_config(
+    def __init__(self, args: argparse.Namespace, overrides: list[str], run_dir: Path) -> None:
+        self.args, self.run_dir = args, run_dir
+        self.cfg = load_config(
             args.preset,
             [
                 f"--run.dir={run_dir}",
@@ -129,193 +120,200 @@ def main() -> None:
                 *overrides,
             ],
         )
-        ctx = init_distributed(cfg)
-        if ctx.distributed:
+        self.ctx = init_distributed(self.cfg)
+        if self.ctx.distributed:
             raise SystemExit("checkpoint_cost.py is a single-process benchmark; run it without torchrun")
-        logs = RunLogs(Path(cfg.run.dir), 0, enabled=True)
-        trainer = Trainer(cfg, ctx, logs, RankStatus())
-        n_params = sum(p.numel() for p in trainer.model.parameters())
-        root = Path(cfg.run.dir) / "checkpoints"
-        ckpt = Checkpointer(root, cfg.checkpoint, ctx, logs, trainer.trajectory_keys, lambda: None, 0)
-        captured: list[tuple[str, dict]] = []
-        log_event = trainer.logs.event
+        self.logs = RunLogs(run_dir, 0, enabled=True)
+        self.events = EventTail(self.logs.run_dir / "events.jsonl")
+        self.trainer = Trainer(self.cfg, self.ctx, self.logs, RankStatus())
+        self.ckpt = Checkpointer(
+            run_dir / "checkpoints", self.cfg.checkpoint, self.ctx, self.logs, self.trainer.trajectory_keys,
+            lambda: None, 0,
+        )  # fmt: skip
+        self.res: dict[str, list[float]] = defaultdict(list)
+        self.nbytes = 0
+        self.chunk = os.urandom(RAW_CHUNK)
 
-        def capture(event: str, **fields: object) -> None:
-            captured.append((event, fields))
-            log_event(event, **fields)
+    def step(self) -> float:
+        return self.trainer.train_step(self.trainer.loader.next()).step_time
 
-        trainer.logs.event = capture  # type: ignore[method-assign]
+    def save(self, async_save: bool) -> tuple[Path, float]:
+        """Save the current step afresh; (its directory, the time the call blocked)."""
+        target = self.ckpt.root / step_dir_name(self.trainer.state.step)
+        shutil.rmtree(target, ignore_errors=True)
+        self.ckpt.last_saved_step = None  # so the same step can be saved again
+        self.cfg.checkpoint.async_save = async_save
+        digest = lambda: param_digest(self.trainer.model, self.ctx)  # noqa: E731 - inside save()'s timing
+        started = time.perf_counter()
+        self.ckpt.save(self.trainer.state.step, self.trainer, "bench", digest)
+        return target, time.perf_counter() - started
 
-        def field(event: str, key: str) -> float:
-            return float(next(f[key] for e, f in reversed(captured) if e == event))
+    def run_sync(self) -> None:
+        target, took = self.save(async_save=False)
+        self.res["sync"].append(took)
+        self.res["sync_event_blocking"].append(self.events.value("checkpoint_save", "blocking_s"))
+        self.res["sync_commit"].append(self.events.value("checkpoint_commit", "commit_s"))
+        self.nbytes = dir_bytes(target)
+        evict(target)
+        started = time.perf_counter()
+        verify(target, checksums=True)
+        self.res["verify"].append(time.perf_counter() - started)
+        started = time.perf_counter()
+        restore(self.trainer, target, self.cfg.checkpoint, self.ctx, self.trainer.trajectory_keys, self.logs)
+        self.res["restore"].append(time.perf_counter() - started)
+        shutil.rmtree(target)
 
-        def step() -> float:
-            return trainer.train_step(trainer.loader.next()).step_time
+    def run_async(self) -> None:
+        started = time.perf_counter()
+        target, took = self.save(async_save=True)
+        self.res["async_call"].append(took)
+        self.ckpt.wait()
+        self.res["async_total"].append(time.perf_counter() - started)
+        self.res["async_event_blocking"].append(self.events.value("checkpoint_save", "blocking_s"))
+        self.res["async_commit"].append(self.events.value("checkpoint_commit", "commit_s"))
+        shutil.rmtree(target)
 
-        def fresh_dir() -> Path:
-            """The directory the next save writes; reset so the same step can be saved again."""
-            target = ckpt.root / step_dir_name(trainer.state.step)
-            shutil.rmtree(target, ignore_errors=True)
-            ckpt.last_saved_step = None
-            return target
+    def run_overlap(self) -> None:
+        base = median(self.res["step"])
+        started, since = time.perf_counter(), time.time()
+        target, took = self.save(async_save=True)
+        polls = slowdown = 0.0
+        steps = 0
+        while self.events.last("checkpoint_commit", since) is None and steps < self.args.max_overlap_steps:
+            slowdown += self.step() - base
+            steps += 1
+            polled = time.perf_counter()
+            self.ckpt.poll()  # hands the commit to rank 0's thread once the write is done
+            polls += time.perf_counter() - polled
+        waited = time.perf_counter()
+        self.ckpt.wait()  # only after the cap: a commit not done by then is finished blocking
+        polls += time.perf_counter() - waited
+        self.res["ov_total"].append(time.perf_counter() - started)
+        self.res["ov_call"].append(took)
+        self.res["ov_polls"].append(polls)
+        self.res["ov_steps"].append(steps)
+        self.res["ov_slowdown"].append(slowdown)
+        self.res["ov_cost"].append(took + polls + slowdown)
+        shutil.rmtree(target)
 
-        for _ in range(args.warmup_steps):
-            step()
+    def run_raw(self) -> None:
+        path = self.run_dir / "raw.bin"
+        started = time.perf_counter()
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            left = self.nbytes
+            while left > 0:
+                left -= os.write(fd, self.chunk[: min(left, len(self.chunk))])
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        self.res["raw"].append(time.perf_counter() - started)
+        evict(path)
+        path.unlink()
 
-        res: dict[str, list[float]] = {
-            k: []
-            for k in (
-                "step",
-                "sync",
-                "sync_event_blocking",
-                "sync_commit",
-                "verify",
-                "restore",
-                "async_call",
-                "async_event_blocking",
-                "async_total",
-                "async_commit",
-                "ov_call",
-                "ov_commit_poll",
-                "ov_total",
-                "ov_steps",
-                "ov_slowdown",
-                "raw",
-                "digest",
-            )
+    def measure(self) -> None:
+        for _ in range(self.args.warmup_steps):
+            self.step()
+        self.run_sync()  # warm-up: sizes the raw write, first-touch allocations; not measured
+        self.res.clear()
+        for _ in range(self.args.steps):
+            self.res["step"].append(self.step())
+        run = {
+            "sync": self.run_sync,
+            "async": self.run_async,
+            "overlap": self.run_overlap,
+            "raw": self.run_raw,
         }
-        nbytes = 0
-        chunk = os.urandom(RAW_CHUNK)
-
-        def run_sync() -> None:
-            nonlocal nbytes
-            target = fresh_dir()
-            cfg.checkpoint.async_save = False
-            started = time.perf_counter()
-            ckpt.save(trainer.state.step, trainer, "bench", lambda: param_digest(trainer.model, ctx))
-            res["sync"].append(time.perf_counter() - started)
-            res["sync_event_blocking"].append(field("checkpoint_save", "blocking_s"))
-            res["sync_commit"].append(field("checkpoint_commit", "commit_s"))
-            nbytes = dir_bytes(target)
-            evict(target)
-            started = time.perf_counter()
-            verify(target, checksums=True)
-            res["verify"].append(time.perf_counter() - started)
-            started = time.perf_counter()
-            restore(trainer, target, cfg.checkpoint, ctx, trainer.trajectory_keys, logs)
-            res["restore"].append(time.perf_counter() - started)
-            shutil.rmtree(target)
-
-        def run_async() -> None:
-            target = fresh_dir()
-            cfg.checkpoint.async_save = True
-            started = time.perf_counter()
-            ckpt.save(trainer.state.step, trainer, "bench", lambda: param_digest(trainer.model, ctx))
-            res["async_call"].append(time.perf_counter() - started)
-            ckpt.wait()
-            res["async_total"].append(time.perf_counter() - started)
-            res["async_event_blocking"].append(field("checkpoint_save", "blocking_s"))
-            res["async_commit"].append(field("checkpoint_commit", "commit_s"))
-            shutil.rmtree(target)
-
-        def run_overlap() -> None:
-            target = fresh_dir()
-            cfg.checkpoint.async_save = True
-            base = median(res["step"])
-            started = time.perf_counter()
-            ckpt.save(trainer.state.step, trainer, "bench", lambda: param_digest(trainer.model, ctx))
-            res["ov_call"].append(time.perf_counter() - started)
-            slowdown, steps, commit_poll = 0.0, 0, 0.0
-            while ckpt.pending is not None and steps < args.max_overlap_steps:
-                slowdown += step() - base
-                steps += 1
-                polled = time.perf_counter()
-                ckpt.poll()
-                if ckpt.pending is None:
-                    commit_poll = time.perf_counter() - polled
-            if ckpt.pending is not None:  # still not written after the cap: finish it, blocking
-                polled = time.perf_counter()
-                ckpt.wait()
-                commit_poll = time.perf_counter() - polled
-            ckpt.wait()  # the commit runs on rank 0's background thread: committed = that thread done
-            res["ov_total"].append(time.perf_counter() - started)
-            res["ov_commit_poll"].append(commit_poll)
-            res["ov_steps"].append(steps)
-            res["ov_slowdown"].append(slowdown)
-            shutil.rmtree(target)
-
-        def run_raw() -> None:
-            res["raw"].append(raw_write(run_dir / "raw.bin", nbytes, chunk))
-
-        run = {"sync": run_sync, "async": run_async, "overlap": run_overlap, "raw": run_raw}
-        run_sync()  # warm-up: sizes the raw write, first-touch allocations; not measured
-        for values in res.values():
-            values.clear()
-        for _ in range(args.steps):
-            res["step"].append(step())
-        for repeat in range(args.repeats):
-            order = VARIANTS[repeat % len(VARIANTS) :] + VARIANTS[: repeat % len(VARIANTS)]
-            for name in order:
+        order = abba(VARIANTS, self.args.repeats)
+        for repeat in range(self.args.repeats):
+            for name in order[repeat * len(VARIANTS) : (repeat + 1) * len(VARIANTS)]:
                 run[name]()
-            for _ in range(args.steps):
-                res["step"].append(step())
+            for _ in range(self.args.steps):
+                self.res["step"].append(self.step())
             started = time.perf_counter()
-            param_digest(trainer.model, ctx)
-            res["digest"].append(time.perf_counter() - started)
-        trainer.logs.close()
+            param_digest(self.trainer.model, self.ctx)
+            self.res["digest"].append(time.perf_counter() - started)
+        self.logs.close()
 
+
+def report(bench: Bench) -> None:
+    args, res = bench.args, bench.res
+    n_params = sum(p.numel() for p in bench.trainer.model.parameters())
     m = {k: median(v) for k, v in res.items()}
-    step_s, mb = m["step"], nbytes / 1e6
-    ov_blocking = m["ov_call"] + m["ov_commit_poll"]
-    ov_cost = ov_blocking + m["ov_slowdown"]
+    step_s, mb = m["step"], bench.nbytes / 1e6
+    ov_blocking = m["ov_call"] + m["ov_polls"]
     print(
-        f"model dim={args.dim} layers={args.layers}: {n_params / 1e6:.1f}M params; checkpoint "
-        f"{mb:,.0f} MB on disk; step {step_s:.3f} s (seq {args.seq_len} x batch {args.batch}); "
-        f"{args.repeats} repeats, medians (min-max) in seconds"
+        f"model dim={args.dim} layers={args.layers}: {n_params / 1e6:.1f}M params; checkpoint {mb:,.0f} MB "
+        f"on disk; step {step_s:.3f} s (seq {args.seq_len} x batch {args.batch}); {args.repeats} repeats "
+        f"in ABBA order; seconds, median [min-max]"
     )
     rows = [
-        ("step (no checkpoint)", res["step"]),
-        ("param_digest (inside every save())", res["digest"]),
-        ("sync save() total", res["sync"]),
-        ("  event blocking_s (DCP write)", res["sync_event_blocking"]),
-        ("  event commit_s (SHA-256 + marker)", res["sync_commit"]),
-        ("async save() call (loop waits)", res["async_call"]),
-        ("  event blocking_s", res["async_event_blocking"]),
-        ("async save() + wait(): committed", res["async_total"]),
-        ("  event commit_s", res["async_commit"]),
-        ("overlap: save() call", res["ov_call"]),
-        ("overlap: poll() that commits", res["ov_commit_poll"]),
-        ("overlap: save() -> committed", res["ov_total"]),
-        ("overlap: steps overlapped", res["ov_steps"]),
-        ("overlap: extra step time, summed", res["ov_slowdown"]),
-        ("raw write + fsync, same bytes", res["raw"]),
-        ("verify (cold cache, SHA-256)", res["verify"]),
-        ("restore (dcp.load + set state)", res["restore"]),
+        ("step (no checkpoint)", "step"),
+        ("param_digest (inside every save())", "digest"),
+        ("sync save() total", "sync"),
+        ("  event blocking_s", "sync_event_blocking"),
+        ("  event commit_s (SHA-256 + marker)", "sync_commit"),
+        ("async save() call (loop waits)", "async_call"),
+        ("  event blocking_s", "async_event_blocking"),
+        ("async save() + wait(): committed", "async_total"),
+        ("  event commit_s", "async_commit"),
+        ("overlap: save() call", "ov_call"),
+        ("overlap: every poll(), summed", "ov_polls"),
+        ("overlap: steps until committed", "ov_steps"),
+        ("overlap: extra step time, summed", "ov_slowdown"),
+        ("overlap: loop cost (call+polls+extra)", "ov_cost"),
+        ("overlap: save() -> committed", "ov_total"),
+        ("raw write + fsync, same bytes", "raw"),
+        ("verify (cold cache, SHA-256)", "verify"),
+        ("restore (dcp.load + set state)", "restore"),
     ]
     width = max(len(name) for name, _ in rows)
-    for name, values in rows:
-        print(f"  {name:<{width}}  {spread(values)}")
+    for name, key in rows:
+        print(f"  {name:<{width}}  {spread(res[key])}")
     print(f"raw write bandwidth {mb / m['raw']:,.0f} MB/s; sync save {mb / m['sync']:,.0f} MB/s effective")
-    print("ratios:")
-    print(f"  sync / raw write                       {m['sync'] / m['raw']:.2f}")
-    print(f"  async committed / raw write            {m['async_total'] / m['raw']:.2f}")
-    print(f"  async save() call / sync               {m['async_call'] / m['sync']:.3f}")
-    print(
-        f"  overlap loop blocking / sync           {ov_blocking / m['sync']:.3f}  (save() call + commit poll)"
-    )
-    print(
-        f"  overlap loop cost / sync               {ov_cost / m['sync']:.3f}  (+ slowdown of overlapped steps)"
-    )
-    print(f"  (verify + restore) / sync save         {(m['verify'] + m['restore']) / m['sync']:.2f}")
-    print(f"amortized blocking at one save every {args.interval} steps of {step_s:.3f} s:")
+    print("ratios of medians:")
+    for name, value in (
+        ("sync / raw write", m["sync"] / m["raw"]),
+        ("async committed / raw write", m["async_total"] / m["raw"]),
+        ("async save() call / sync", m["async_call"] / m["sync"]),
+        ("overlap loop blocking / sync  (call + polls)", ov_blocking / m["sync"]),
+        ("overlap loop cost / sync  (+ extra step time until committed)", m["ov_cost"] / m["sync"]),
+        ("(verify + restore) / sync save", (m["verify"] + m["restore"]) / m["sync"]),
+    ):
+        print(f"  {name:<62} {value:.3f}")
+    print(f"amortized cost at one save every {args.interval} steps of {step_s:.3f} s:")
     work = args.interval * step_s
     for name, blocking in (
         ("sync save", m["sync"]),
         ("async, save() call only", m["async_call"]),
-        ("async, save() call + commit poll", ov_blocking),
-        ("async, + overlapped-step slowdown", ov_cost),
+        ("async, save() call + polls", ov_blocking),
+        ("async, + overlapped-step slowdown until committed", m["ov_cost"]),
     ):
-        print(f"  {name:<36} {100 * blocking / (work + blocking):6.2f} %")
+        print(f"  {name:<52} {100 * blocking / (work + blocking):6.2f} %")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--preset", default="tiny")
+    parser.add_argument("--dim", type=int, default=512, help="model.dim")
+    parser.add_argument("--layers", type=int, default=8, help="model.n_layers")
+    parser.add_argument("--seq-len", type=int, default=64, help="data.seq_len (small: keeps steps short)")
+    parser.add_argument("--batch", type=int, default=2, help="train.global_batch_size")
+    parser.add_argument("--repeats", type=int, default=5, help="rounds of (sync, async, overlap, raw), >= 5")
+    parser.add_argument("--warmup-steps", type=int, default=2, help="steps before measuring (AdamW state)")
+    parser.add_argument("--steps", type=int, default=2, help="timed plain steps per repeat (step time)")
+    parser.add_argument("--max-overlap-steps", type=int, default=200, help="cap on steps in `overlap`")
+    parser.add_argument("--interval", type=int, default=100, help="checkpoint interval for the amortized %%")
+    parser.add_argument("--dir", default=None, help="parent of the temporary run dir (default: system tmp)")
+    args, overrides = parser.parse_known_args()
+    print(load(), flush=True)
+    with tempfile.TemporaryDirectory(prefix="truestep-ckpt-bench-", dir=args.dir) as tmp:
+        bench = Bench(args, overrides, Path(tmp))
+        bench.measure()
+    report(bench)
+    print(load())
 
 
 if __name__ == "__main__":

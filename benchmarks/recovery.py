@@ -1,34 +1,26 @@
-"""Time to recover from a fault, phase by phase, under `truestep launch` (the local supervisor).
+"""Time to recover from a fault, phase by phase, with warm standby on and off side by side.
 
-Runs `truestep launch tiny --nproc 2` on a tiny model (steps take milliseconds, so the recovery path
-dominates) and, for each fault class, injects the fault once rank 1 reports the given step:
+Runs the demo job (`truestep launch demo --nproc 2`: the tiny model of `make demo` on its corpus) and
+injects one fault per trial once rank 1 reports `--fault-step` in phase `train` — and, with warm
+standby on, once every standby has reported ready, so that the comparison is of a warm restart against
+a cold one, not of a half-imported standby:
 
   sigkill   SIGKILL rank 1: the supervisor sees the exit, kills the rest, restarts the job;
-  sigstop   SIGSTOP rank 1: alive but frozen; found by its stale heartbeat (liveness timeout), then the
-            same teardown and restart;
-  sigterm   SIGTERM to the supervisor (a scheduler's preemption notice): forwarded to the ranks, which
-            agree on a stop step, save, exit 75; the supervisor exits 75 and this script relaunches it
-            at once, as a requeue would (a real scheduler adds its own queueing delay here).
+  sigstop   SIGSTOP rank 1: alive but frozen; found by its stale heartbeat (liveness timeout);
+  requeue   SIGTERM to rank 1 only (a preemption notice that reaches the ranks): they agree on a stop
+            step, save, exit 75, and the supervisor restarts them locally, as a requeue would;
+  sigterm   SIGTERM to the supervisor (the scheduler ends the job): forwarded, agreed, saved, exit 75;
+            this script relaunches the supervisor at once, as a requeue would. A new supervisor has no
+            standby yet: this class measures what warm standby cannot help (a scheduler adds its queue).
 
-Phases, from the run's events.jsonl / metrics.jsonl (every record has a wall-clock `time`; trainer
-records carry their `attempt`, the supervisor's `source: supervisor`) and the fault's wall-clock time:
+Every fault class runs `--repeats` trials per side, the sides in ABBA order (on off off on ...), the
+classes rotated, all in one run. Phases come from the run directory (recovery_phases.py). Prints one
+line per trial, then per class the median [min-max] of every phase for each side, the ratio off/on of
+the medians, the gap to the physical limit (detect + verify + restore + one step), the memory of a
+parked standby and what standbys cost the training they run beside (attempt-0 step time, job time).
 
-  detect       failure_detected.detected_at - fault  (sigterm: signal_received, i.e. the ranks agreed)
-  teardown     teardown_complete.teardown_s          (sigterm: signal_received -> supervisor exited,
-                                                      which includes the emergency save and commit)
-  relaunch     teardown end -> next attempt_start    (sigterm: supervisor exit -> new supervisor's
-                                                      attempt_start, including its own start-up)
-  restored     attempt_start -> checkpoint_restore of the new attempt, split (rank 0's view) into: spawn
-               -> truestep imported (run_start.process_start), -> start of verify (torch import,
-               rendezvous, model build), verify_s and restore_s (the events' own)
-  first step   checkpoint_restore -> first metrics line of the new attempt
-  MTTR         fault -> first metrics line of the new attempt
-  regained     fault -> the new attempt's metrics reach the last step completed before the fault
-
-Prints one line per trial, then a table of medians over the repeats (fault classes as columns).
-
-    OMP_NUM_THREADS=1 python benchmarks/recovery.py [--repeats 2] [--faults sigkill,sigstop,sigterm]
-        [--fault-step 7] [--max-steps 20] [--section.key=value ...]
+    OMP_NUM_THREADS=1 python benchmarks/recovery.py [--repeats 5] [--faults sigkill,requeue,sigstop,sigterm]
+        [--fault-step 100] [--max-steps 160] [--keep] [--section.key=value ...]
 """
 
 from __future__ import annotations
@@ -38,7 +30,6 @@ import contextlib
 import json
 import os
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -46,66 +37,40 @@ import time
 from pathlib import Path
 from typing import Any
 
-# The tiny model of tests/harness.py: steps take milliseconds, so multi-process runs on 2 cores stay quick.
-TINY = [
-    "--model.dim=64",
-    "--model.n_layers=2",
-    "--model.n_heads=4",
-    "--model.n_kv_heads=2",
-    "--model.vocab_size=512",
-    "--model.multiple_of=32",
-    "--model.max_seq_len=64",
-    "--data.seq_len=32",
-    "--train.global_batch_size=8",
-    "--metrics.progress=false",
-]
-FAULTS = ("sigkill", "sigstop", "sigterm")
-PHASES = (
-    ("fault_step", "fault at step (rank 1 heartbeat)", "{:.0f}"),
-    ("detect", "fault -> detected", "{:.2f}"),
-    ("teardown", "teardown", "{:.2f}"),
-    ("relaunch", "relaunch (-> attempt_start)", "{:.2f}"),
-    ("restored", "attempt_start -> restored", "{:.2f}"),
-    ("spawn", "  of which spawn -> truestep imported", "{:.2f}"),
-    ("build", "  of which torch, rendezvous, build", "{:.2f}"),
-    ("verify_s", "  of which verify_s", "{:.3f}"),
-    ("restore_s", "  of which restore_s", "{:.3f}"),
-    ("first_step", "restored -> first new step", "{:.2f}"),
-    ("mttr", "MTTR: fault -> first new step", "{:.2f}"),
-    ("regained", "fault -> pre-fault step regained", "{:.2f}"),
-    ("redone", "steps redone", "{:.0f}"),
+from bench_common import abba, load, median, spread
+from recovery_phases import PHASES, attempt0_step_times, phases, standby_memory
+
+FAULTS = ("sigkill", "requeue", "sigstop", "sigterm")
+SIDES = ("on", "off")
+ROWS = (
+    *((p, p.replace("_", " ")) for p in PHASES),
+    ("build", "  restore: of which Trainer build"),
+    ("verify_s", "  restore: of which verify_s"),
+    ("restore_s", "  restore: of which restore_s"),
+    ("mttr", "MTTR: fault -> first new step"),
+    ("limit", "limit: detect + verify + restore + step"),
+    ("gap", "gap: MTTR - limit"),
+    ("regained", "fault -> pre-fault step regained"),
+    ("job_s", "job wall time (launch -> exit)"),
+    ("step0_ms", "attempt-0 step time, ms (median)"),
 )
 
 
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    records = []
-    for line in path.read_text().splitlines():
-        with contextlib.suppress(json.JSONDecodeError):  # a torn line of a killed writer
-            records.append(json.loads(line))
-    return records
-
-
-def first(records: list[dict[str, Any]], what: str) -> dict[str, Any]:
-    """The first record; KeyError with a readable message when there is none."""
-    if not records:
-        raise KeyError(f"no {what} in the run's logs")
-    return records[0]
-
-
 class Job:
-    """One `truestep launch` process (a new session, so a timeout can end it with all its ranks)."""
+    """One `truestep launch` process in a session of its own, so a timeout can end it with its ranks."""
 
-    def __init__(self, run_dir: Path, args: argparse.Namespace, overrides: list[str], log: Path) -> None:
-        cmd = [sys.executable, "-m", "truestep", "launch", "tiny", "--nproc=2", "--max-restarts=2"]
-        cmd += [f"--run.dir={run_dir}", *TINY, *overrides]
+    def __init__(self, run_dir: Path, overrides: list[str], log: Path) -> None:
+        cmd = [sys.executable, "-m", "truestep", "launch", "demo", "--nproc=2", "--max-restarts=2"]
         env = dict(os.environ, OMP_NUM_THREADS="1")
         env.pop("TRUESTEP_FAULTS", None)
         self.log = log
         with open(log, "a") as out:
             self.proc = subprocess.Popen(
-                cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+                [*cmd, f"--run.dir={run_dir}", *overrides],
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
             )
 
     def finish(self, timeout: float) -> tuple[int, float]:
@@ -126,172 +91,112 @@ class Job:
         return self.log.read_text()[-3000:]
 
 
-def wait_for_step(run_dir: Path, rank: int, step: int, job: Job, timeout: float) -> dict[str, Any]:
-    """Wait until `rank`'s heartbeat shows at least `step` in phase train; return the heartbeat."""
-    path = run_dir / "heartbeats" / f"rank{rank:05d}.json"
-    deadline = time.time() + timeout
+def wait_for_fault_point(run_dir: Path, side: str, args: argparse.Namespace, job: Job) -> dict[str, Any]:
+    """Wait until rank 1 trains at step >= --fault-step (and, side on, every standby is ready)."""
+    path = run_dir / "heartbeats" / "rank00001.json"
+    deadline = time.time() + args.timeout
     while time.time() < deadline:
         if job.proc.poll() is not None:
-            raise RuntimeError(f"supervisor exited ({job.proc.returncode}) before step {step}:\n{job.tail()}")
-        try:
+            raise RuntimeError(f"supervisor exited ({job.proc.returncode}) before the fault:\n{job.tail()}")
+        with contextlib.suppress(FileNotFoundError, json.JSONDecodeError, KeyError):
             beat = json.loads(path.read_text())
-            if beat["step"] >= step and beat["phase"] == "train":
+            ready = side == "off" or len({e["slot"] for e in standby_memory(run_dir)}) == 2
+            if beat["step"] >= args.fault_step and beat["phase"] == "train" and ready:
                 return beat
-        except (FileNotFoundError, json.JSONDecodeError, KeyError):
-            pass
         time.sleep(0.02)
-    raise RuntimeError(f"rank {rank} never reached step {step}")
+    raise RuntimeError(f"rank 1 never reached step {args.fault_step} (with standbys ready: side {side})")
 
 
-def trial(kind: str, run_dir: Path, args: argparse.Namespace, overrides: list[str]) -> dict[str, Any]:
+def trial(kind: str, side: str, run_dir: Path, args: argparse.Namespace, overrides: list[str]) -> dict:
     log = run_dir / "launch.log"
-    job = Job(run_dir, args, overrides, log)
+    overrides = [*overrides, f"--resilience.warm_standby={'true' if side == 'on' else 'false'}"]
+    launched = time.time()
+    job = Job(run_dir, overrides, log)
+    exit_t = None
     try:
-        beat = wait_for_step(run_dir, 1, args.fault_step, job, args.timeout)
+        beat = wait_for_fault_point(run_dir, side, args, job)
         fault_t = time.time()
         if kind == "sigkill":
             os.kill(beat["pid"], signal.SIGKILL)
         elif kind == "sigstop":
             os.kill(beat["pid"], signal.SIGSTOP)
+        elif kind == "requeue":
+            os.kill(beat["pid"], signal.SIGTERM)
         else:
             job.proc.send_signal(signal.SIGTERM)
-        code, exit_t = job.finish(args.timeout)
-        if kind == "sigterm":
+            code, exit_t = job.finish(args.timeout)
             if code != 75:
                 raise RuntimeError(f"preempted supervisor exited {code}, not 75:\n{job.tail()}")
-            job = Job(run_dir, args, overrides, log)  # the requeue
-            code, _ = job.finish(args.timeout)
+            job = Job(run_dir, overrides, log)  # the requeue
+        code, ended = job.finish(args.timeout)
         if code != 0:
             raise RuntimeError(f"supervisor exited {code}:\n{job.tail()}")
     finally:
         job.kill()
-    return phases(kind, run_dir, fault_t, exit_t, beat["step"])
+    got = phases(kind, run_dir, fault_t, exit_t)
+    got.update(fault_step=beat["step"], job_s=ended - launched)
+    got["step0_ms"] = 1e3 * median(attempt0_step_times(run_dir))
+    got["memory"] = standby_memory(run_dir)
+    return got
 
 
-def phases(kind: str, run_dir: Path, fault_t: float, exit_t: float, fault_step: int) -> dict[str, Any]:
-    events = read_jsonl(run_dir / "events.jsonl")
-    metrics = read_jsonl(run_dir / "metrics.jsonl")
-    sup = [e for e in events if e.get("source") == "supervisor"]
-    trainer = [e for e in events if e.get("source") != "supervisor"]
-    out: dict[str, Any] = {"fault_step": fault_step, "notes": []}
-    if kind == "sigterm":
-        stop = first([e for e in trainer if e["event"] == "signal_received"], "signal_received")
-        out["detect"] = stop["time"] - fault_t
-        out["teardown"] = exit_t - stop["time"]
-        relaunched_after = exit_t
-    else:
-        failure = first([e for e in sup if e["event"] == "failure_detected"], "failure_detected")
-        teardown = first(
-            [e for e in sup if e["event"] == "teardown_complete" and e["time"] >= failure["time"]],
-            "teardown_complete",
+def fmt_trial(kind: str, side: str, repeat: int, got: dict[str, Any]) -> str:
+    parts = [f"{p.replace('_', ' ')} {got[p]:.3f}" for p in PHASES]
+    return (
+        f"  {kind:<8} {side:<3} #{repeat}: fault at step {got['fault_step']}, {', '.join(parts)}; "
+        f"MTTR {got['mttr']:.3f}s (limit {got['limit']:.3f}, gap {got['gap']:.3f}); restored step "
+        f"{got['restored_step']}, {got['redone']} redone; {got['standbys']}"
+    )
+
+
+def report(kinds: list[str], results: dict[tuple[str, str], list[dict]], args: argparse.Namespace) -> None:
+    width = max(len(label) for _, label in ROWS)
+    for kind in kinds:
+        on, off = results[(kind, "on")], results[(kind, "off")]
+        print(f"\n{kind}: {len(on)} trials with warm standby on, {len(off)} off; seconds, median [min-max]")
+        print(f"  {'':<{width}}  {'standby on':<24}{'standby off':<24}off/on")
+        for key, label in ROWS:
+            a, b = [r[key] for r in on], [r[key] for r in off]
+            ratio = f"{median(b) / median(a):.2f}" if a and b and median(a) > 0 else "-"
+            print(f"  {label:<{width}}  {spread(a):<24}{spread(b):<24}{ratio}")
+    memory = [m for (_, side), runs in results.items() if side == "on" for r in runs for m in r["memory"]]
+    if memory:
+        mb = {k: [m[k] / 1024 for m in memory if k in m] for k in ("rss_kb", "pss_kb", "private_kb")}
+        print(
+            f"\nparked standby ({len(memory)} reports): warm-up {spread([m['warm_s'] for m in memory])} s; "
+            f"RSS {spread(mb['rss_kb'], '{:.0f}')} MB, PSS {spread(mb['pss_kb'], '{:.0f}')} MB, "
+            f"private {spread(mb['private_kb'], '{:.0f}')} MB"
         )
-        out["detect"] = failure["detected_at"] - fault_t
-        out["teardown"] = teardown["teardown_s"]
-        out["notes"].append(f"{failure['kind']} on rank {failure['rank']}")
-        relaunched_after = teardown["time"]
-    attempt = first(
-        [e for e in sup if e["event"] == "attempt_start" and e["time"] > relaunched_after],
-        "a new attempt_start",
-    )
-    out["relaunch"] = attempt["time"] - relaunched_after
-    # The trainer attempt that took over: the first one after the relaunch that got to run_start (a
-    # later one if that attempt failed too, which is then part of the recovery time).
-    started = first(
-        [e for e in trainer if e["event"] == "run_start" and e["time"] > attempt["time"]],
-        "run_start after the relaunch",
-    )
-    new = started["attempt"]
-    extra = [
-        e for e in sup if e["event"] == "failure_detected" and attempt["time"] < e["time"] < started["time"]
-    ]
-    if extra:
-        out["notes"].append(f"{len(extra)} more failure(s) before it ran: {[e['kind'] for e in extra]}")
-    restored = [e for e in trainer if e["event"] == "checkpoint_restore" and e.get("attempt") == new]
-    ready_t = restored[0]["time"] if restored else started["time"]
-    if restored:
-        out["restored"] = restored[0]["time"] - attempt["time"]
-        out["restore_s"] = restored[0]["restore_s"]
-        restored_step = restored[0]["step"]
-    else:
-        out["notes"].append("fresh start: no committed checkpoint at the fault (async commit still pending)")
-        restored_step = 0
-    verified = [e for e in trainer if e["event"] == "checkpoint_verified" and e.get("attempt") == new]
-    if verified:
-        out["verify_s"] = verified[0]["verify_s"]
-    began = started.get("process_start")  # when rank 0 imported truestep (before torch)
-    if began is not None:
-        out["spawn"] = began - attempt["time"]
-        if verified:
-            out["build"] = verified[0]["time"] - verified[0]["verify_s"] - began
-    new_metrics = [m for m in metrics if m.get("attempt") == new]
-    before = [m["step"] for m in metrics if m.get("attempt", 0) < new and m["time"] <= fault_t]
-    pre_fault = max(before, default=0)
-    first_step = first(new_metrics, "metrics of the new attempt")
-    out["first_step"] = first_step["time"] - ready_t
-    out["mttr"] = first_step["time"] - fault_t
-    regained = first([m for m in new_metrics if m["step"] >= pre_fault], "the pre-fault step regained")
-    out["regained"] = regained["time"] - fault_t
-    out["redone"] = max(0, pre_fault - restored_step)  # sigterm saves past the fault: none
-    return out
-
-
-def fmt_trial(got: dict[str, Any]) -> str:
-    parts = []
-    for key, label in (
-        ("detect", "detect"),
-        ("teardown", "teardown"),
-        ("relaunch", "relaunch"),
-        ("restored", "restored"),
-        ("first_step", "first step"),
-        ("mttr", "MTTR"),
-        ("regained", "regained"),
-    ):
-        if key in got:
-            parts.append(f"{label} {got[key]:.2f}s")
-    parts.append(f"{got['redone']:.0f} steps redone")
-    notes = f"  [{'; '.join(got['notes'])}]" if got["notes"] else ""
-    return ", ".join(parts) + notes
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--repeats", type=int, default=2, help="trials per fault class")
+    parser.add_argument("--repeats", type=int, default=5, help="trials per fault class and side")
     parser.add_argument(
         "--faults", default=",".join(FAULTS), help="comma-separated subset of " + ",".join(FAULTS)
     )
-    parser.add_argument("--fault-step", type=int, default=7, help="inject once rank 1 reports this step")
-    parser.add_argument("--max-steps", type=int, default=20)
-    parser.add_argument("--interval", type=int, default=5, help="checkpoint.interval")
-    parser.add_argument("--heartbeat", type=float, default=0.25, help="resilience.heartbeat_interval_s")
-    parser.add_argument("--liveness", type=float, default=3.0, help="resilience.liveness_timeout_s")
-    parser.add_argument("--hang", type=float, default=4.0, help="resilience.hang_timeout_s")
-    parser.add_argument("--timeout", type=float, default=180.0, help="per supervisor run, seconds")
+    parser.add_argument("--fault-step", type=int, default=100, help="inject once rank 1 reports this step")
+    parser.add_argument("--max-steps", type=int, default=160)
+    parser.add_argument("--timeout", type=float, default=240.0, help="per supervisor run, seconds")
     parser.add_argument("--dir", default=None, help="parent of the temporary run dirs (default: system tmp)")
     parser.add_argument("--keep", action="store_true", help="keep the run directories (to inspect them)")
     args, extra = parser.parse_known_args()
     kinds = [k.strip() for k in args.faults.split(",") if k.strip()]
     if unknown := set(kinds) - set(FAULTS):
         parser.error(f"unknown fault classes {sorted(unknown)}; known: {', '.join(FAULTS)}")
-    overrides = [
-        f"--train.max_steps={args.max_steps}",
-        f"--checkpoint.interval={args.interval}",
-        f"--resilience.heartbeat_interval_s={args.heartbeat}",
-        f"--resilience.liveness_timeout_s={args.liveness}",
-        f"--resilience.hang_timeout_s={args.hang}",
-        "--resilience.collective_timeout_s=20",
-        *extra,
-    ]
+    if args.repeats < 1 or args.fault_step >= args.max_steps:
+        parser.error("--repeats must be >= 1 and --fault-step below --max-steps")
+    overrides = [f"--train.max_steps={args.max_steps}", *extra]
     print(
-        f"truestep launch tiny --nproc 2 (TINY overrides), {args.max_steps} steps, checkpoint every "
-        f"{args.interval}, heartbeat {args.heartbeat}s, liveness {args.liveness}s, hang {args.hang}s; "
-        f"fault once rank 1 reports step {args.fault_step}; {args.repeats} repeats",
+        f"truestep launch demo --nproc 2, {args.max_steps} steps; fault once rank 1 reports step "
+        f"{args.fault_step} (and, standby on, every standby is ready); {args.repeats} trials per class "
+        f"and side, ABBA; overrides {extra or 'none'}; {load()}",
         flush=True,
     )
-    results: dict[str, list[dict[str, Any]]] = {k: [] for k in kinds}
-    started = time.time()
-    failed: list[Path] = []
+    results: dict[tuple[str, str], list[dict]] = {(k, s): [] for k in kinds for s in SIDES}
+    started, failed = time.time(), 0
     keep = tempfile.mkdtemp(prefix="truestep-recovery-bench-", dir=args.dir) if args.keep else None
     workdir = (
         contextlib.nullcontext(keep)
@@ -299,36 +204,25 @@ def main() -> None:
         else tempfile.TemporaryDirectory(prefix="truestep-recovery-bench-", dir=args.dir)
     )
     with workdir as tmp:
+        order = abba(SIDES, args.repeats)
         for repeat in range(args.repeats):
-            # Rotate the order, so that a noisy stretch of the machine does not always hit one class.
-            order = kinds[repeat % len(kinds) :] + kinds[: repeat % len(kinds)]
-            for kind in order:
-                run_dir = Path(tmp) / f"{kind}-{repeat}"
-                run_dir.mkdir()
-                try:
-                    got = trial(kind, run_dir, args, overrides)
-                except (KeyError, RuntimeError) as err:
-                    print(f"  {kind:<8} #{repeat}: FAILED: {err}", flush=True)
-                    failed.append(run_dir)
-                    continue
-                results[kind].append(got)
-                print(f"  {kind:<8} #{repeat}: {fmt_trial(got)}", flush=True)
+            rotated = kinds[repeat % len(kinds) :] + kinds[: repeat % len(kinds)]
+            for kind in rotated:
+                for side in order[2 * repeat : 2 * repeat + 2]:
+                    run_dir = Path(tmp) / f"{kind}-{side}-{repeat}"
+                    run_dir.mkdir()
+                    try:
+                        got = trial(kind, side, run_dir, args, overrides)
+                    except (KeyError, RuntimeError) as err:
+                        print(f"  {kind:<8} {side:<3} #{repeat}: FAILED: {err}", flush=True)
+                        failed += 1
+                        continue
+                    results[(kind, side)].append(got)
+                    print(fmt_trial(kind, side, repeat, got), flush=True)
     if keep:
         print(f"run directories kept under {keep}")
-    print(f"medians over the trials, seconds ({time.time() - started:.0f}s in all; {len(failed)} failed):")
-    width = max(len(label) for _, label, _ in PHASES)
-    print(f"  {'phase':<{width}}" + "".join(f"{k:>10}" for k in kinds))
-    for key, label, fmt in PHASES:
-        cells = []
-        for kind in kinds:
-            values = [r[key] for r in results[kind] if key in r]
-            cells.append(fmt.format(statistics.median(values)) if values else "-")
-        print(f"  {label:<{width}}" + "".join(f"{c:>10}" for c in cells))
-    print(
-        "  teardown: sigkill/sigstop = kill the survivors and reap them; sigterm = agreed stop -> emergency "
-        "save + commit -> exit.\n  relaunch: sigterm includes the new supervisor's own start-up (a real "
-        "requeue adds scheduler delay)."
-    )
+    print(f"\n{time.time() - started:.0f}s in all, {failed} failed trials; at the end: {load()}")
+    report(kinds, results, args)
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 
 import harness  # noqa: E402
+import supervised  # noqa: E402
 from ckpt_cases import (  # noqa: E402
     CONFIG_CASES,
     CORRUPTIONS,
@@ -28,6 +29,21 @@ from ckpt_cases import (  # noqa: E402
     _retention_job,
 )
 
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--warm-standby",
+        choices=("on", "off"),
+        default="on",
+        help="run every supervised job (truestep launch) with resilience.warm_standby on (the default) "
+        "or off: the supervised bitwise tests must pass both ways",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    supervised.WARM_STANDBY = config.getoption("--warm-standby") == "on"
+
+
 # ----------------------------------------------------------------------------------------------
 # shared runs
 
@@ -37,6 +53,18 @@ def pool():
     executor = ThreadPoolExecutor(max_workers=JOBS)
     yield executor
     executor.shutdown(wait=True, cancel_futures=True)  # after -x, do not run what nobody waits for
+
+
+@pytest.fixture(scope="session")
+def layout_references(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """One failure-free torchrun run per layout (harness.LAYOUT_REFERENCE): what every resumed run of
+    that layout must match bit for bit, whether torchrun or the supervisor restarted it."""
+    runs = {}
+    for name, (nproc, extra) in harness.LAYOUTS.items():
+        run_dir = tmp_path_factory.mktemp(f"ref-{name}")
+        harness.launch(run_dir, *harness.LAYOUT_REFERENCE, *extra, nproc=nproc)
+        runs[name] = run_dir
+    return runs
 
 
 @pytest.fixture(scope="session")

@@ -32,6 +32,15 @@ LAYOUTS: dict[str, tuple[int, list[str]]] = {
 }
 
 
+# The failure-free run per layout (conftest.py `layout_references`) that resumed runs must match.
+LAYOUT_STEPS = 8
+LAYOUT_REFERENCE = [
+    f"--train.max_steps={LAYOUT_STEPS}",
+    "--checkpoint.interval=0",
+    "--schedule.warmup_steps=2",
+]
+
+
 def truestep_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     env = dict(os.environ)
     env["OMP_NUM_THREADS"] = "1"

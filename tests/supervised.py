@@ -24,6 +24,12 @@ COMMON = [
 ]
 SLACK = 3.0
 """Detection latencies are asserted against the configured timeouts plus this (noisy 2-core box)."""
+WARM_STANDBY = True
+"""resilience.warm_standby for every supervised job; `pytest --warm-standby=off` runs them all cold."""
+
+
+def standby_overrides() -> list[str]:
+    return [f"--resilience.warm_standby={str(WARM_STANDBY).lower()}"]
 
 
 def launch_cmd(run_dir: Path, *overrides: str, nproc: int = 2, restarts: int = 2) -> list[str]:
@@ -36,7 +42,7 @@ def launch_cmd(run_dir: Path, *overrides: str, nproc: int = 2, restarts: int = 2
         f"--nproc={nproc}",
         f"--max-restarts={restarts}",
     ]
-    return [*cmd, f"--run.dir={run_dir}", *TINY, *COMMON, *overrides]
+    return [*cmd, f"--run.dir={run_dir}", *TINY, *COMMON, *standby_overrides(), *overrides]
 
 
 def supervise(

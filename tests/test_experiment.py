@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from harness import truestep_env
+from supervised import standby_overrides
 from truestep.analysis.runlog import RunLog
 from truestep.experiment.plan import plan_jobs
 from truestep.experiment.runner import run_plan
@@ -18,6 +19,7 @@ def test_experiment_with_two_faults_is_bitwise_and_reported(tmp_path: Path) -> N
     out = tmp_path / "exp"
     cmd = [sys.executable, "-m", "truestep", "experiment", "demo", f"--out={out}", "--nproc=2"]
     cmd += ["--fault=kill:rank=1:step=12", "--fault=term:step=22:restart=1", "--train.max_steps=26"]
+    cmd += standby_overrides()
     proc = subprocess.run(cmd, env=truestep_env(), capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
@@ -34,7 +36,7 @@ def test_experiment_with_two_faults_is_bitwise_and_reported(tmp_path: Path) -> N
 
 def test_reduced_ablation_flags_every_disabled_mechanism(tmp_path: Path) -> None:
     """Hard kills on a single process: every disabled mechanism is flagged, all-on is not."""
-    overrides = ["--train.max_steps=20"]
+    overrides = ["--train.max_steps=20", *standby_overrides()]
     jobs = plan_jobs(
         "demo", overrides, 1, [], ablation=True, ablation_modes=["hard"], fault_step=13, interval=5
     )

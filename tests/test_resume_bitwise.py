@@ -11,21 +11,15 @@ from pathlib import Path
 
 import pytest
 
+from harness import LAYOUT_REFERENCE as COMMON
+from harness import LAYOUT_STEPS as MAX
 from harness import LAYOUTS, events, final_digest, launch, loss_bits_by_step, metrics
-
-MAX = 8
-COMMON = [f"--train.max_steps={MAX}", "--checkpoint.interval=0", "--schedule.warmup_steps=2"]
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """One failure-free run per layout, shared by the tests below."""
-    runs = {}
-    for name, (nproc, extra) in LAYOUTS.items():
-        run_dir = tmp_path_factory.mktemp(f"ref-{name}")
-        launch(run_dir, *COMMON, *extra, nproc=nproc)
-        runs[name] = run_dir
-    return runs
+def reference(layout_references: dict[str, Path]) -> dict[str, Path]:
+    """One failure-free run per layout (conftest.py; tests/test_standby.py compares with them too)."""
+    return layout_references
 
 
 def assert_same_trajectory(run: Path, ref: Path) -> None:

@@ -10,9 +10,11 @@ decision with a timestamp.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
+import signal
 import subprocess
 import sys
 import time
@@ -21,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+import supervised
 from harness import TINY, final_digest, loss_bits_by_step, truestep_env
 from truestep.telemetry.jsonl import read_jsonl
 
@@ -33,8 +36,9 @@ _bin = Path(sys.executable).with_name("truestep")  # .venv/bin/truestep
 TRUESTEP = [str(_bin)] if _bin.exists() else [sys.executable, "-m", "truestep"]
 
 
-def overrides(run_dir: Path, steps: int) -> list[str]:
-    return [f"--run.dir={run_dir}", *TRAIN_OVERRIDES, f"--train.max_steps={steps}"]
+def overrides(run_dir: Path, steps: int, extra: tuple[str, ...] = ()) -> list[str]:
+    standby = supervised.standby_overrides()  # pytest --warm-standby=off: every launcher runs cold
+    return [f"--run.dir={run_dir}", *TRAIN_OVERRIDES, *standby, f"--train.max_steps={steps}", *extra]
 
 
 def timing(name: str, seconds: float) -> None:
@@ -70,23 +74,32 @@ def wait_training(slurm, run_dir: Path, out: Path, min_step: int = 20, timeout: 
 
 
 def submit_training(
-    slurm, tmp_path: Path, name: str, steps: int, *sbatch_args: str, launcher: str
+    slurm,
+    tmp_path: Path,
+    name: str,
+    steps: int,
+    *sbatch_args: str,
+    launcher: str,
+    extra: tuple[str, ...] = (),
+    faults: str = "",
 ) -> tuple[str, Path, Path]:
     """Submit train.sbatch for the tiny model. launcher="train": TRUESTEP_CMD runs `truestep train`;
     launcher="launch": the script's default command (`truestep launch tiny --nproc 1`, overrides as
-    the script's arguments)."""
+    the script's arguments). `extra` overrides are appended; `faults` become TRUESTEP_FAULTS."""
     run_dir, out = tmp_path / "run", tmp_path / "job.out"
     env = {k: v for k, v in truestep_env().items() if not k.startswith(("SLURM_", "SBATCH_", "TRUESTEP_"))}
     env["SLURM_CONF"] = slurm.env["SLURM_CONF"]
+    if faults:
+        env["TRUESTEP_FAULTS"] = faults
     script_args: tuple[str, ...] = ()
     if launcher == "train":
-        env["TRUESTEP_CMD"] = shlex.join([*TRUESTEP, "train", "tiny", *overrides(run_dir, steps)])
+        env["TRUESTEP_CMD"] = shlex.join([*TRUESTEP, "train", "tiny", *overrides(run_dir, steps, extra)])
     elif len(TRUESTEP) == 1:
         env.update(TRUESTEP_BIN=TRUESTEP[0], TRUESTEP_CONFIG="tiny", TRUESTEP_NPROC="1")
-        script_args = tuple(overrides(run_dir, steps))
+        script_args = tuple(overrides(run_dir, steps, extra))
     else:
         env["TRUESTEP_CMD"] = shlex.join(
-            [*TRUESTEP, "launch", "tiny", "--nproc", "1", *overrides(run_dir, steps)]
+            [*TRUESTEP, "launch", "tiny", "--nproc", "1", *overrides(run_dir, steps, extra)]
         )
     job = slurm.submit(
         f"--job-name=ts-{name}",
@@ -268,3 +281,70 @@ def test_time_limit_warning_usr1_reaches_trainer_which_requeues_itself(slurm, tm
         f"the trainer saw the warning at {seen['time']:.1f}, after the limit {limit:.1f}"
     )
     timing("trainer saw USR1 before the time limit by", limit - seen["time"])
+
+
+# ---------------------------------------------------------------- warm standby under SLURM
+
+# Rank 0 stalls at step 100 of the first attempt (long enough for its standby to import torch); the
+# test kills it there. A sleep changes no numerics, and the hang timeout leaves room for it.
+STALL = ("sleep:at=train:step:step=100:rank=0:seconds=300", ("--resilience.hang_timeout_s=600",))
+
+
+def standby_events(run_dir: Path, name: str) -> list[dict]:
+    return [e for e in has_event(run_dir, name) if e.get("source") == "supervisor"]
+
+
+def parked_standby(slurm, run_dir: Path, out: Path) -> dict:
+    return slurm.wait_for(
+        lambda: next(iter(standby_events(run_dir, "standby_ready")), None),
+        180,
+        f"a ready standby in {run_dir}",
+        diagnose=lambda: tail(out),
+    )
+
+
+def gone(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return True
+    return stat[stat.rindex(")") + 2] in "ZX"
+
+
+@pytest.mark.skipif("not supervised.WARM_STANDBY", reason="pytest --warm-standby=off")
+def test_a_killed_rank_restarts_through_its_warm_standby_under_slurm(slurm, reference, tmp_path):
+    faults, extra = STALL
+    job, run_dir, out = submit_training(
+        slurm, tmp_path, "standby", STEPS, launcher="launch", extra=extra, faults=faults
+    )
+    diagnose = lambda: tail(out)  # noqa: E731
+    slurm.wait_job(job, lambda j: j["JobState"] == "RUNNING", 60, "RUNNING", diagnose)
+    standby = parked_standby(slurm, run_dir, out)
+    rank = json.loads((run_dir / "heartbeats" / "rank00000.json").read_text())["pid"]
+    t0 = time.monotonic()
+    os.kill(rank, signal.SIGKILL)
+    final = slurm.wait_job(job, lambda j: j["JobState"] in DONE, 240, "to finish", diagnose)
+    timing("rank SIGKILL -> job finished (in-place restart through the standby)", time.monotonic() - t0)
+    assert final["JobState"] == "COMPLETED", f"{final.get('JobState')} {final.get('ExitCode')}\n{tail(out)}"
+    assert final.get("Restarts") == "0", "SLURM requeued the job: the restart was not in place"
+    (handoff,) = standby_events(run_dir, "standby_handoff")
+    assert handoff["pid"] == standby["pid"] and handoff["ready"], handoff
+    assert standby_events(run_dir, "attempt_start")[1]["pids"] == [standby["pid"]]
+    assert_bitwise(run_dir, reference.result())
+    spawned = [e["pid"] for e in standby_events(run_dir, "standby_spawned")]
+    slurm.wait_for(lambda: all(gone(p) for p in spawned), 10, "every standby of the job to be gone")
+
+
+@pytest.mark.skipif("not supervised.WARM_STANDBY", reason="pytest --warm-standby=off")
+def test_a_parked_standby_does_not_outlive_a_cancelled_job(slurm, tmp_path):
+    faults, extra = STALL
+    job, run_dir, out = submit_training(
+        slurm, tmp_path, "standby-cancel", STEPS, launcher="launch", extra=extra, faults=faults
+    )
+    slurm.wait_job(job, lambda j: j["JobState"] == "RUNNING", 60, "RUNNING", lambda: tail(out))
+    standby = parked_standby(slurm, run_dir, out)["pid"]
+    rank = json.loads((run_dir / "heartbeats" / "rank00000.json").read_text())["pid"]
+    assert not gone(standby) and not gone(rank)
+    slurm.run("scancel", job)
+    slurm.wait_job(job, lambda j: j["JobState"] in DONE, 60, "cancelled", lambda: tail(out))
+    slurm.wait_for(lambda: gone(standby) and gone(rank), 15, "the standby and the rank to be gone")

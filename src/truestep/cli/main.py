@@ -77,6 +77,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "prepare-data": ("truestep.cli.prepare_data", "prepare_data_main"),
     "config": ("truestep.cli.main", "_config_main"),
     "presets": ("truestep.cli.main", "_presets_main"),
+    "standby": ("truestep.cli.standby", "standby_main"),  # internal: started by `truestep launch`
 }
 
 
@@ -95,13 +96,15 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(USAGE)
         return 0 if argv else 2
-    if argv[0] == "train":
-        # Before anything else: die with the supervisor, and catch signals during the imports.
+    if argv[0] in ("train", "standby"):
+        # Before anything else: die with the supervisor, and catch signals during the imports. A parked
+        # standby keeps the default actions (a signal for it ends it); it captures once it is a rank.
         from truestep.resilience import early_signals
         from truestep.resilience.orphan import die_with_supervisor
 
         die_with_supervisor()
-        early_signals.capture()
+        if argv[0] == "train":
+            early_signals.capture()
     name, rest = argv[0], argv[1:]
     if name not in COMMANDS:
         print(f"truestep: unknown command {name!r}\n\n{USAGE}", file=sys.stderr)

@@ -214,6 +214,11 @@ class ResilienceConfig:
     checkpointing or restoring) is declared hung. Set it above your longest step."""
     collective_timeout_s: float = 60.0
     """Collective timeout once the first step is done (parallel.init_timeout_s applies before)."""
+    warm_standby: bool = True
+    """Mechanism switch (speed, not correctness): `truestep launch` keeps one parked process per rank
+    slot that has already imported torch and truestep, and hands it the rank at a restart instead of
+    starting a cold process (docs/resilience.md, "Warm standby"). Costs one idle process per rank
+    (memory only: see benchmarks/README.md); never touches the GPU. Off = every restart starts cold."""
 
     def signal_names(self) -> list[str]:
         """`signals` split into names (checked against PREEMPTION_SIGNALS by config.validate)."""

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import truestep
 from truestep.core.env import world_from_env
 from truestep.core.fsio import append_bytes
 from truestep.core.names import ENV_ATTEMPT, ENV_JOB_START, ENV_SUPERVISOR_PID, EVENTS_FILE
@@ -26,7 +27,6 @@ from truestep.faults.spec import FaultSpec
 
 _ARMED: dict[str, list[FaultSpec]] = {}
 _CONTEXT: dict[str, Any] = {}
-_PROCESS_START = time.time()
 _last_step_mark: list[float] = []
 
 
@@ -57,7 +57,8 @@ def _attempt() -> int:
 
 
 def _elapsed() -> float:
-    return time.time() - float(os.environ.get(ENV_JOB_START, _PROCESS_START))
+    # Without a job clock: since this process started (a warm standby's start is its handoff).
+    return time.time() - float(os.environ.get(ENV_JOB_START, truestep.STARTED_AT))
 
 
 def _due(spec: FaultSpec, step: int | None, rank: int, attempt: int) -> bool:

@@ -9,7 +9,8 @@ rendezvous port (on one node), so nothing of the previous attempt's store surviv
 Attempts are numbered job-wide by the lease's incarnation: node 0 bumps it, the other nodes of a
 multi-node job wait for the bump, so every node and every rank logs the same number for one attempt.
 Ranks run in their own session (a Ctrl-C reaches only the supervisor, which forwards it exactly once)
-and die with the supervisor (resilience/orphan.py).
+and die with the supervisor (resilience/orphan.py). A restarted rank is a warm standby handed its rank
+when one is parked for its slot (resilience/standby.py), else a fresh process.
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ from __future__ import annotations
 import os
 import signal
 import socket
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -37,6 +37,7 @@ from truestep.core.names import (
     heartbeat_path,
 )
 from truestep.resilience.lease import RunDirLease, await_attempt
+from truestep.resilience.standby import StandbyPool
 from truestep.resilience.watch import AttemptWatch, Failure, Rank
 from truestep.telemetry.jsonl import JsonlWriter
 
@@ -75,6 +76,8 @@ class Supervisor:
         )
         if taken_over is not None:
             self.events.write({"event": "lease_taken_over", "previous": taken_over.describe()})
+        r = cfg.resilience
+        self.standbys = StandbyPool(self.run_dir, self.events, r.warm_standby, r.heartbeat)
         self.requeue_code = cfg.resilience.requeue_exit_code
         self.signalled: str | None = None
         self.interrupts = 0
@@ -134,7 +137,7 @@ class Supervisor:
             env[ENV_JOB_ID] = self.spec.job_id
             env.setdefault(ENV_JOB_START, str(self.job_start))
             cmd = [sys.executable, "-m", "truestep", "train", str(config_file)]
-            proc = subprocess.Popen(cmd, env=env, start_new_session=True)
+            proc = self.standbys.launch(local, cmd, env)  # a warm standby, else a fresh process
             ranks.append(Rank(first + local, proc, time.time()))
         self.events.write(
             {
@@ -192,6 +195,7 @@ class Supervisor:
                 if failure is not None:
                     failure.exit_codes = codes
                     return "failed", failure
+            self.standbys.tick(ranks)
             time.sleep(POLL_S)
 
     @staticmethod
@@ -281,6 +285,7 @@ def run_supervisor(spec: LaunchSpec, cfg: JobConfig) -> int:
     try:
         return supervisor.run()
     finally:
+        supervisor.standbys.close()
         if spec.node_rank == 0:
             supervisor.lease.release()
         supervisor.events.close()

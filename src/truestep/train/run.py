@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 import traceback
 from functools import partial
 from pathlib import Path
@@ -135,7 +136,9 @@ def _checked_run_dir(run_dir: Path) -> int:
 
 def run_training(cfg: JobConfig, status: RankStatus, attempt: Attempt | None) -> int:
     """Train this rank to the end (or a stop) and exit the process with the run's exit code."""
+    began = time.time()
     ctx = init_distributed(cfg)
+    rendezvous = {"began": began, "rendezvous_s": time.time() - began}
     clean = True
     try:
         if attempt is None:
@@ -145,7 +148,7 @@ def run_training(cfg: JobConfig, status: RankStatus, attempt: Attempt | None) ->
                 Heartbeat(run_dir, ctx.rank, attempt.number, status, interval).start()
         elif ctx.is_main:
             check_run_dir(Path(cfg.run.dir))  # the supervisor checked too; files can appear since
-        code = _train(cfg, ctx, status, attempt)
+        code = _train(cfg, ctx, status, attempt, rendezvous)
     except BaseException as err:  # noqa: BLE001 - classified below; a bug is re-raised untouched
         failure = failure_of(err)
         if failure is None:
@@ -172,10 +175,13 @@ def run_training(cfg: JobConfig, status: RankStatus, attempt: Attempt | None) ->
     return code  # not reached: shutdown exits the process
 
 
-def _train(cfg: JobConfig, ctx: DistContext, status: RankStatus, attempt: Attempt) -> int:
+def _train(
+    cfg: JobConfig, ctx: DistContext, status: RankStatus, attempt: Attempt, rendezvous: dict[str, float]
+) -> int:
     run_dir = Path(cfg.run.dir)
     set_fault_context(run_dir=run_dir, attempt=attempt.number)
     logs = RunLogs(run_dir, attempt.number, enabled=ctx.is_main)
+    logs.event("rendezvous", **rendezvous)  # process group and mesh up: a phase of MTTR
     try:
         trainer = Trainer(cfg, ctx, logs, status)
         train_loop(trainer, build_hooks(attempt))
