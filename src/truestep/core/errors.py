@@ -27,6 +27,9 @@ class ExitCode(enum.IntEnum):
     """Preempted gracefully, emergency checkpoint committed: requeue me (EX_TEMPFAIL)."""
     FORCED = 76
     """The graceful stop missed its deadline and exited hard: still requeue."""
+    NODE_LOST = 77
+    """Another node of a multi-node job is gone (crashed, partitioned, never joined): a restart on these
+    nodes cannot succeed, so the scheduler must requeue the job (onto healthy nodes)."""
     INTERRUPTED = 130
     """Ctrl-C (SIGINT): emergency checkpoint committed, not requeued."""
 
@@ -55,3 +58,7 @@ class RunDirBusyError(TruestepError):
 
 class FencedError(TruestepError):
     exit_code = ExitCode.FENCED
+
+
+class NodeLostError(TruestepError):
+    exit_code = ExitCode.NODE_LOST
