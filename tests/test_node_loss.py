@@ -2,17 +2,19 @@
 directory, and `kill:node=1` SIGKILLs node 1's supervisor and its rank (a node crash, as the job sees it).
 The survivor must tell this from a local rank crash (tests/test_ownership.py: restart in place) and stop
 for a requeue at once, exit 77, instead of waiting for a peer that cannot come back; the relaunch (the
-scheduler's requeue) resumes bitwise. With the mechanism off it restarts in place, as before. The same
-on real namespaces and SLURM: tests/slurm/test_multinode_*.py."""
+scheduler's requeue) resumes bitwise, and the instrument's report covers it. With the mechanism off the
+survivor restarts in place, as before. The same on real namespaces and SLURM: tests/slurm/test_multinode_*.py."""
 
 from __future__ import annotations
 
+import json
 import socket
 import subprocess
+import sys
 from pathlib import Path
 
 from harness import events, truestep_env
-from supervised import assert_matches_reference, finish, launch_cmd, supervisor_events, wait_for_event
+from supervised import launch_cmd, supervisor_events, wait_for_event
 
 DETECT_S = 3.0
 
@@ -38,30 +40,43 @@ def start_job(run_dir: Path, generation: int, *overrides: str, faults: str = "")
     ]
 
 
-def test_a_node_crash_stops_the_survivor_for_a_requeue_and_the_relaunch_resumes_bitwise(
-    supervised_reference: Path, tmp_path: Path
-) -> None:
-    first = start_job(tmp_path, 0, faults="kill:node=1:step=8")
-    assert finish(first[0], timeout=240) == 77, finish.last_output  # type: ignore[attr-defined]
-    assert finish(first[1], timeout=30) == -9, "node 1's supervisor was not the one killed"
-    [fault] = events(tmp_path, "fault_injected")
-    [seen] = supervisor_events(tmp_path, "failure_detected")
-    assert (fault["scope"], fault["node"], fault["spec"]) == ("node", 1, "kill:node=1:step=8")
+def test_a_node_crash_stops_the_survivor_and_the_instrument_reports_it_end_to_end(tmp_path: Path) -> None:
+    """`truestep experiment --nnodes 2`: reference, floor and a run whose node 1 crashes at step 12. The
+    survivor notices at once and stops (77) without a restart; the job is relaunched as a whole (the
+    scheduler's requeue); the run is bitwise equal to the reference; the report names the node."""
+    out = tmp_path / "exp"
+    cmd = [sys.executable, "-m", "truestep", "experiment", "demo", f"--out={out}", "--nproc=1", "--nnodes=2"]
+    cmd += ["--fault=kill:node=1:step=12", "--train.max_steps=20"]
+    proc = subprocess.run(cmd, env=truestep_env(), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    run = out / "runs" / "faulted"
+    [fault] = events(run, "fault_injected")
+    [seen] = supervisor_events(run, "failure_detected")
+    assert (fault["scope"], fault["node"], fault["spec"]) == ("node", 1, "kill:node=1:step=12")
     assert (seen["node"], seen["kind"], seen["lost_node"], seen["how"]) == (0, "node_lost", 1, "closed"), seen
     assert seen["detected_at"] - fault["time"] < DETECT_S
-    assert supervisor_events(tmp_path, "restart") == [], "the survivor restarted in place"
-    [end] = supervisor_events(tmp_path, "supervisor_end")
-    assert (end["node"], end["outcome"], end["exit_code"]) == (0, "node_lost", 77)
-
-    second = start_job(tmp_path, 1)  # the requeue: a new launch of the same job
-    assert [finish(p) for p in second] == [0, 0], finish.last_output  # type: ignore[attr-defined]
+    assert supervisor_events(run, "restart") == [], "the survivor restarted in place"
+    ends = [
+        (e["node"], e["attempt"], e["outcome"], e["exit_code"])
+        for e in supervisor_events(run, "supervisor_end")
+    ]
+    assert ends[0] == (0, 0, "node_lost", 77) and sorted(ends[1:]) == [
+        (0, 1, "completed", 0),
+        (1, 1, "completed", 0),
+    ]
     by_node = {
-        n: [e["attempt"] for e in supervisor_events(tmp_path, "attempt_start") if e["node"] == n]
-        for n in (0, 1)
+        n: [e["attempt"] for e in supervisor_events(run, "attempt_start") if e["node"] == n] for n in (0, 1)
     }
     assert by_node[0] == by_node[1] == [0, 1], by_node
-    assert all(e.get("host") for e in events(tmp_path) if e.get("source") == "supervisor")
-    assert_matches_reference(tmp_path, supervised_reference)
+    assert all(e.get("host") for e in events(run) if e.get("source") == "supervisor")
+
+    summary = json.loads((out / "summary.json").read_text())
+    faulted = summary["runs"]["faulted"]
+    assert faulted["preserving"] and faulted["fidelity"]["fraction_bitwise_equal"] == 1.0
+    [incident] = faulted["mttr"]
+    assert incident["kind"] == "kill" and all(v is not None for v in incident["phases_s"].values()), incident
+    assert incident["phases_s"]["detect"] < DETECT_S
+    assert "kill:node=1:step=12" in (out / "report.md").read_text()
 
 
 def test_with_node_watch_off_a_node_crash_looks_like_a_local_failure(tmp_path: Path) -> None:
