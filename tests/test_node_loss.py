@@ -53,6 +53,7 @@ def test_a_node_crash_stops_the_survivor_and_the_instrument_reports_it_end_to_en
     [fault] = events(run, "fault_injected")
     [seen] = supervisor_events(run, "failure_detected")
     assert (fault["scope"], fault["node"], fault["spec"]) == ("node", 1, "kill:node=1:step=12")
+    assert fault["host"] == socket.gethostname() == seen["lost_host"]
     assert (seen["node"], seen["kind"], seen["lost_node"], seen["how"]) == (0, "node_lost", 1, "closed"), seen
     assert seen["detected_at"] - fault["time"] < DETECT_S
     assert supervisor_events(run, "restart") == [], "the survivor restarted in place"

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import sys
 import time
 from collections.abc import Callable
@@ -103,7 +104,7 @@ def _announce(spec: FaultSpec, name: str, step: int | None, rank: int) -> None:
         record = {"time": now, "source": "fault", "event": "fault_injected", "kind": spec.kind}
         record.update(point=name, step=step, rank=rank, attempt=_attempt(), spec=spec.describe())
         if spec.node is not None:
-            record.update(scope="node", node=spec.node)
+            record.update(scope="node", node=spec.node, host=socket.gethostname())
         append_bytes(run_dir / EVENTS_FILE, (json.dumps(record) + "\n").encode())  # one O_APPEND write
 
 
