@@ -46,7 +46,18 @@ def test_beats_keep_both_sides_alive_and_a_clean_goodbye_is_not_a_loss() -> None
     assert h.check() is None
     loss = h.require_all(since=time.monotonic())  # but a restart in place cannot happen without it
     assert loss is not None and (loss.how, loss.code) == ("left", ExitCode.REQUEUE)
+    assert loss.exit_code() == ExitCode.REQUEUE  # it was preempted: so is this node, not "lost"
     h.close(0, "completed")
+
+
+def test_a_node_waiting_for_node_0_follows_its_preemption() -> None:
+    h = hub()
+    m = member(h)
+    h.close(ExitCode.REQUEUE, "requeue")
+    until(lambda: m.peers[0].gone is not None)
+    with pytest.raises(NodeLostError) as caught:
+        m.raise_if_gone()
+    assert caught.value.exit_code == ExitCode.REQUEUE
 
 
 def test_a_dead_supervisor_is_noticed_at_once() -> None:

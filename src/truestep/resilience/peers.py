@@ -57,13 +57,16 @@ class NodeLoss:
     """The node that reported it, when it was not seen directly (the hub passes losses on)."""
 
     def exit_code(self) -> int:
-        """What a survivor exits with: a departed node's own refusal (a requeue cannot fix it), else 77."""
-        refusals = {ExitCode.USAGE, ExitCode.REFUSED, ExitCode.BUSY, ExitCode.FENCED, ExitCode.INTERRUPTED}
-        return self.code if self.code in refusals else ExitCode.NODE_LOST
+        """What a survivor exits with: the code a departed node ended with when that says what to do
+        (a refusal a requeue cannot fix, an interrupt, a preemption), else 77: requeue me."""
+        follow = {ExitCode.USAGE, ExitCode.REFUSED, ExitCode.BUSY, ExitCode.FENCED, ExitCode.INTERRUPTED}
+        follow |= {ExitCode.REQUEUE, ExitCode.FORCED}
+        return self.code if self.code in follow else ExitCode.NODE_LOST
 
     def describe(self) -> str:
         via = f" (reported by node {self.via})" if self.via is not None else ""
-        return f"node {self.node} ({self.host or 'unknown host'}) lost: {self.how}: {self.detail}{via}"
+        what = self.detail if self.how == "left" else f"lost: {self.how}: {self.detail}"
+        return f"node {self.node} ({self.host or 'unknown host'}) {what}{via}"
 
     def to_event(self) -> dict[str, Any]:
         return {
@@ -222,7 +225,9 @@ class PeerLink:
             with self.lock:
                 loss = next((p.gone for p in self.peers.values() if p.gone is not None), None)
         if loss is not None:
-            raise NodeLostError(loss.describe())
+            err = NodeLostError(loss.describe())
+            err.exit_code = ExitCode(loss.exit_code())  # e.g. node 0 was preempted: so is this node
+            raise err
 
     def close(self, code: int, outcome: str, loss: NodeLoss | None = None) -> None:
         """Say goodbye (with the exit code, and the lost node when that is why) and close."""
@@ -259,7 +264,10 @@ class PeerLink:
             if message is None:
                 break
             if message.get("type") == "bye":
-                code = int(message.get("code", ExitCode.FAILURE))
+                code = message.get("code")
+                if not isinstance(code, int):
+                    how, detail = "closed", f"protocol error: a goodbye without an exit code: {message}"
+                    break
                 self._on_bye(peer, code, str(message.get("outcome", "?")), message.get("lost"))
                 return
         with self.lock:

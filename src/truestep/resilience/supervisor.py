@@ -92,6 +92,8 @@ class Supervisor:
         self.interrupts = 0
         self.lost_lease: FencedError | None = None
         self.attempt = -1
+        self.outcome = "error"
+        """How the supervisor ended (supervisor_end's outcome), told to the other nodes."""
         self.job_start = time.time()
         preemption = cfg.resilience.preemption_signals()
         for signum in preemption:
@@ -234,6 +236,7 @@ class Supervisor:
             rank.proc.wait()
 
     def _end(self, outcome: str, restarts: int, code: int) -> int:
+        self.outcome = outcome
         self.events.write(
             {"event": "supervisor_end", "attempt": self.attempt, "outcome": outcome, "restarts": restarts,
              "exit_code": code}
@@ -327,16 +330,20 @@ class Supervisor:
 
 def run_supervisor(spec: LaunchSpec, cfg: JobConfig) -> int:
     supervisor = Supervisor(spec, cfg)
-    code, outcome = int(ExitCode.FAILURE), "error"
+    code = int(ExitCode.FAILURE)
     try:
         code = supervisor.run()
-        outcome = "ended"
         return code
-    except TruestepError as err:
-        code = err.exit_code
+    except TruestepError as err:  # e.g. node 0 gone while this node waited for its next attempt
+        code, supervisor.outcome = err.exit_code, type(err).__name__
+        supervisor.events.write(
+            {"event": "supervisor_end", "attempt": supervisor.attempt, "outcome": type(err).__name__,
+             "exit_code": int(code), "detail": str(err)}
+        )  # fmt: skip
         raise
     finally:
-        supervisor.nodes.close(code, outcome)  # goodbye with the exit code: peers tell an end from a loss
+        # Goodbye with the exit code: the other nodes tell an end from a loss.
+        supervisor.nodes.close(code, supervisor.outcome)
         if spec.node_rank == 0:
             supervisor.lease.release()
         supervisor.events.close()
