@@ -21,13 +21,16 @@ unavailable() { # a tool or kernel feature this machine lacks (not SLURM itself)
 }
 
 pid_alive() { # pidfile -> 0 if the process in it is alive and is the daemon the file is named after
-    local pid name
+    local pid name state
     [[ -s $1 ]] || return 1
     pid=$(cat "$1" 2>/dev/null) || return 1
     name=$(basename "$1" .pid)
     name=${name%%-*} # slurmd-n1.pid -> slurmd
-    [[ $pid =~ ^[0-9]+$ ]] && kill -0 "$pid" 2>/dev/null &&
-        [[ $(cat "/proc/$pid/comm" 2>/dev/null) == "$name" ]] # not a reused pid
+    [[ $pid =~ ^[0-9]+$ ]] && kill -0 "$pid" 2>/dev/null || return 1
+    [[ $(cat "/proc/$pid/comm" 2>/dev/null) == "$name" ]] || return 1 # a reused pid
+    # A killed daemon stays a zombie until something reaps it (PID 1 of a container may take its time).
+    state=$(sed -n 's/^State:[[:space:]]*\(.\).*/\1/p' "/proc/$pid/status" 2>/dev/null)
+    [[ -n $state && $state != Z && $state != X ]]
 }
 
 install_packages() {

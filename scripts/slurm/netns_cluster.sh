@@ -147,7 +147,7 @@ kill_node() { # SIGKILL every process in node i until none is left (a fork may r
         pids=$(node_pids "$i")
         [[ -z $pids ]] && return 0
         # shellcheck disable=SC2086
-        kill -KILL $pids 2>/dev/null
+        kill -KILL $pids 2>/dev/null || : # some may have exited meanwhile: the next round checks
         sleep 0.05
     done
     pids=$(node_pids "$i")
@@ -295,8 +295,8 @@ cmd_down() {
     if [[ -s $CONF ]] && pid_alive "$RUN/slurmctld.pid"; then
         for i in $(seq 1 "$NODES"); do # a partitioned or slowed node could not take part in the teardown
             [[ -e /run/netns/$(ns_name "$i") ]] || continue
-            ip link set "$(veth_name "$i")" up 2>/dev/null
-            ip netns exec "$(ns_name "$i")" tc qdisc del dev eth0 root 2>/dev/null
+            ip link set "$(veth_name "$i")" up || log "cannot bring the link of n$i up"
+            unslow "$i" || log "cannot remove the slow-link qdisc of n$i"
         done
         cancel_all_jobs
     fi
@@ -328,6 +328,13 @@ cmd_status() {
     fi
     echo "export SLURM_CONF=$CONF"
     return $rc
+}
+
+unslow() { # node i: remove a netem/tbf root qdisc if there is one
+    local qdisc
+    qdisc=$(ip netns exec "$(ns_name "$1")" tc qdisc show dev eth0 root) || return 1
+    [[ $qdisc == *netem* || $qdisc == *tbf* ]] || return 0
+    ip netns exec "$(ns_name "$1")" tc qdisc del dev eth0 root
 }
 
 cmd_slow() {
@@ -400,8 +407,8 @@ status) cmd_status ;;
         cmd_slow "$I" "$1"
         ;;
     fast)
-        ip netns exec "$(ns_name "$I")" tc qdisc del dev eth0 root 2>/dev/null
-        log "n$I: slow link removed"
+        unslow "$I" || die "cannot remove the slow-link qdisc of n$I"
+        log "n$I: link at full speed"
         ;;
     esac
     ;;

@@ -16,7 +16,7 @@ from pathlib import Path
 from harness import TINY, bits, final_digest, truestep_env
 from truestep.telemetry.jsonl import read_jsonl
 
-STEPS = int(os.environ.get("TRUESTEP_MULTINODE_STEPS", "100"))
+STEPS = int(os.environ.get("TRUESTEP_MULTINODE_STEPS", "60"))
 """Long enough to interrupt after a committed checkpoint, short enough for CI (a few seconds of steps)."""
 INTERVAL = 5
 DETECT_CRASH_S = 3.0

@@ -225,8 +225,11 @@ class NetnsCluster(Cluster):
         wait_for(settled, timeout, "every node idle", interval=0.5, diagnose=lambda: str(self.node_states()))
 
     def _slurmd_alive(self, node: str) -> bool:
+        """Its slurmd runs (a killed one may linger as a zombie until something reaps it)."""
         try:
             pid = int((self.prefix / "run" / f"slurmd-{node}.pid").read_text().strip())
-            return Path(f"/proc/{pid}/comm").read_text().strip() == "slurmd"
+            status = Path(f"/proc/{pid}/status").read_text()
         except (OSError, ValueError):
             return False
+        fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+        return fields.get("Name", "").strip() == "slurmd" and fields.get("State", "Z").strip()[:1] not in "ZX"

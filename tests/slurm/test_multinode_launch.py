@@ -140,7 +140,7 @@ def test_a_cut_off_node_0_stands_aside_when_the_job_moves_on(netns, multinode_re
     assert_bitwise(run_dir, reference)
 
 
-@pytest.mark.parametrize("spec", ["delay=100,loss=1", "rate=20000"], ids=["netem-delay-loss", "tbf-rate"])
+@pytest.mark.parametrize("spec", ["delay=100,loss=1", "rate=50000"], ids=["netem-delay-loss", "tbf-rate"])
 def test_a_slow_link_is_not_a_lost_node(netns, tmp_path, spec):
     """Beats and collectives crawl over a slowed link, but no node is declared lost and the job ends."""
     proc = netns.tool("slow", "n2", spec, check=False)
