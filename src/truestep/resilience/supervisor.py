@@ -78,9 +78,8 @@ class Supervisor:
         self.nodes = JobNodes(
             self.run_dir, spec.job_id, spec.node_rank, spec.nnodes, spec.master_addr, cfg.resilience
         )
-        taken_over = (
-            self.lease.acquire(self.nodes.hub_port) if spec.node_rank == 0 else None
-        )  # refuses a second job
+        hub_port = self.nodes.hub_port  # published in the lease for the other nodes
+        taken_over = self.lease.acquire(hub_port) if spec.node_rank == 0 else None  # refuses a second job
         self.events = JsonlWriter(
             self.run_dir / EVENTS_FILE,
             {"source": "supervisor", "node": spec.node_rank, "host": socket.gethostname()},
