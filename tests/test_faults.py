@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -22,6 +24,7 @@ def test_user_facing_kinds_map_to_fault_points() -> None:
     assert parse_fault("nan:step=80") == FaultSpec("nan", "train:loss", step=80)
     assert parse_fault("slow:rank=1:factor=3") == FaultSpec("slow", "train:step", rank=1, factor=3.0)
     assert parse_fault("kill:rank=1:time=30").time == 30.0
+    assert parse_fault("kill:node=1:step=12") == FaultSpec("kill", "train:step", step=12, node=1)
     assert parse_fault("crash-in-save:phase=mid-shards:from=13").from_step == 13
     assert parse_fault("sleep:at=save:before-marker:seconds=2") == FaultSpec(
         "sleep", "save:before-marker", seconds=2.0
@@ -38,6 +41,8 @@ def test_user_facing_kinds_map_to_fault_points() -> None:
         ("kill:step=3:colour=red", "unknown fields"),
         ("corrupt:target=oldest:step=3", "target=latest"),
         ("crash:step=3", "needs at=<point>"),
+        ("kill:node=1:rank=0:step=3", "node=K is for kill:node=K:step=N"),
+        ("hang:node=1:step=3", "node=K is for kill:node=K:step=N"),
     ],
 )
 def test_bad_specs_are_rejected_with_a_reason(spec: str, message: str) -> None:
@@ -74,3 +79,13 @@ def test_nothing_armed_by_default() -> None:
     assert "TRUESTEP_FAULTS" not in os.environ or not os.environ["TRUESTEP_FAULTS"]
     assert hooks.armed() == []
     hooks.fault_point("save:before-marker", step=1)  # inert: returns without effect
+
+
+def test_a_node_fault_must_name_a_node_of_the_job(tmp_path: Path) -> None:
+    """kill:node=K on a job without node K could never fire: refused before anything starts."""
+    cmd = [sys.executable, "-m", "truestep", "launch", "tiny", "--fault=kill:node=1:step=3"]
+    proc = subprocess.run(
+        [*cmd, f"--run.dir={tmp_path / 'run'}"], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 2 and "node 1 is not one of this job's 1 nodes" in proc.stderr, proc.stderr
+    assert not (tmp_path / "run").exists()

@@ -18,22 +18,13 @@
 # ports picked at first `up`), SLURM_LOCAL_GRACE_TIME (GraceTime of partition `grace`, default 15).
 set -euo pipefail
 
-PACKAGES=(slurmctld slurmd slurm-client munge)
-EXIT_UNSUPPORTED=3
+# shellcheck source=cluster_lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/cluster_lib.sh"
+LOG_TAG=local_cluster
 
 usage() {
     echo "usage: $0 {up|down|status} PREFIX" >&2
     exit 2
-}
-
-log() { printf '%s local_cluster: %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
-die() {
-    log "ERROR: $*"
-    exit 1
-}
-unsupported() {
-    log "CANNOT RUN SLURM HERE: $*"
-    exit "$EXIT_UNSUPPORTED"
 }
 
 [[ $# -eq 2 ]] || usage
@@ -52,15 +43,6 @@ MUNGE_SOCKET=$MUNGE_DIR/munge.socket.2
 NODE=$(hostname -s)
 export SLURM_CONF=$CONF
 
-pid_alive() { # pidfile -> 0 if the process in it is alive and is the daemon the file is named after
-    local pid name
-    [[ -s $1 ]] || return 1
-    pid=$(cat "$1" 2>/dev/null) || return 1
-    name=$(basename "$1" .pid)
-    [[ $pid =~ ^[0-9]+$ ]] && kill -0 "$pid" 2>/dev/null &&
-        [[ $(cat "/proc/$pid/comm" 2>/dev/null) == "$name" ]] # not a reused pid
-}
-
 print_logs() {
     log "logs: $LOGDIR/{munged,slurmctld,slurmd}.log"
     log "use:  export SLURM_CONF=$CONF   (or: source $PREFIX/env.sh)"
@@ -75,45 +57,7 @@ tail_logs() {
     done
 }
 
-# ---------------------------------------------------------------- install
-install_packages() {
-    local missing=() p
-    for p in "${PACKAGES[@]}"; do
-        dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-    done
-    [[ ${#missing[@]} -eq 0 ]] && return 0
-    [[ $(id -u) -eq 0 ]] || unsupported "not root and packages missing: ${missing[*]}"
-    command -v apt-get >/dev/null || unsupported "no apt-get to install: ${missing[*]}"
-    log "installing ${missing[*]} (apt-get update + install, ~15 s)"
-    local t0=$SECONDS
-    # policy-rc.d may deny starting services during install: harmless, we start the daemons ourselves.
-    if ! DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=120 update -qq >"$PREFIX/apt.log" 2>&1; then
-        tail -n 20 "$PREFIX/apt.log" >&2
-        unsupported "apt-get update failed (log: $PREFIX/apt.log)"
-    fi
-    if ! DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=120 install -y -qq --no-install-recommends "${PACKAGES[@]}" \
-        >>"$PREFIX/apt.log" 2>&1; then
-        tail -n 20 "$PREFIX/apt.log" >&2
-        unsupported "apt-get install failed (log: $PREFIX/apt.log)"
-    fi
-    log "installed in $((SECONDS - t0)) s"
-}
-
 # ---------------------------------------------------------------- config
-port_free() { ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
-
-pick_port() { # a currently free TCP port in 20000-59999, not equal to $1
-    local p i
-    for i in $(seq 1 200); do
-        p=$((20000 + (RANDOM * 32768 + RANDOM) % 40000))
-        [[ $p != "${1:-}" ]] && port_free "$p" && {
-            echo "$p"
-            return 0
-        }
-    done
-    die "no free TCP port found"
-}
-
 write_config() {
     [[ -s $CONF ]] && return 0 # keep an existing config (and its ports): `up` is idempotent
     local ctld_port slurmd_port mem_mib cpus
@@ -177,32 +121,6 @@ CONF
 }
 
 # ---------------------------------------------------------------- daemons
-start_munged() {
-    if pid_alive "$RUN/munged.pid" && munge -S "$MUNGE_SOCKET" -n </dev/null | unmunge -S "$MUNGE_SOCKET" >/dev/null 2>&1; then
-        return 0
-    fi
-    [[ -r /etc/munge/munge.key ]] || die "/etc/munge/munge.key missing (the munge package creates it)"
-    id munge >/dev/null 2>&1 || die "no 'munge' user (the munge package creates it)"
-    # munged refuses directories that others can write to, and must be able to reach its files.
-    chmod 0755 "$PREFIX"
-    mkdir -p "$MUNGE_DIR"
-    chown munge:munge "$MUNGE_DIR"
-    chmod 0755 "$MUNGE_DIR"
-    rm -f "$MUNGE_SOCKET" "$MUNGE_SOCKET.lock"
-    runuser -u munge -- /usr/sbin/munged --socket="$MUNGE_SOCKET" --key-file=/etc/munge/munge.key \
-        --log-file="$MUNGE_DIR/munged.log" --pid-file="$MUNGE_DIR/munged.pid" \
-        --seed-file="$MUNGE_DIR/munged.seed" ||
-        die "munged failed to start: $(tail -n 5 "$MUNGE_DIR/munged.log" 2>/dev/null)"
-    ln -sf "$MUNGE_DIR/munged.pid" "$RUN/munged.pid"
-    ln -sf "$MUNGE_DIR/munged.log" "$LOGDIR/munged.log"
-    local i
-    for i in $(seq 1 50); do
-        munge -S "$MUNGE_SOCKET" -n </dev/null | unmunge -S "$MUNGE_SOCKET" >/dev/null 2>&1 && return 0
-        sleep 0.1
-    done
-    die "munged does not answer on $MUNGE_SOCKET"
-}
-
 start_slurmctld() {
     pid_alive "$RUN/slurmctld.pid" && return 0
     /usr/sbin/slurmctld -f "$CONF" || die "slurmctld failed to start"
@@ -240,30 +158,10 @@ wait_idle() {
     die "node $NODE not idle after ${timeout}s (last state: '${state:-no answer}')"
 }
 
-stop_pidfile() { # name pidfile: TERM, wait up to 10 s, then KILL
-    local name=$1 pidfile=$2 pid i
-    pid_alive "$pidfile" || return 0
-    pid=$(cat "$pidfile")
-    kill -TERM "$pid" 2>/dev/null || true
-    for i in $(seq 1 100); do
-        kill -0 "$pid" 2>/dev/null || {
-            log "stopped $name (pid $pid)"
-            return 0
-        }
-        sleep 0.1
-    done
-    kill -KILL "$pid" 2>/dev/null || true
-    log "killed $name (pid $pid) after 10 s"
-}
-
 # ---------------------------------------------------------------- actions
 cmd_up() {
     local t0=$SECONDS
-    install_packages
-    for bin in /usr/sbin/slurmctld /usr/sbin/slurmd /usr/sbin/munged; do
-        [[ -x $bin ]] || unsupported "$bin missing after install"
-    done
-    [[ $(id -u) -eq 0 ]] || unsupported "must run as root (SlurmdUser=root launches jobs)"
+    require_slurm
     mkdir -p "$LOGDIR" "$RUN" "$PREFIX/state" "$PREFIX/spool"
     write_config
     start_munged
@@ -276,17 +174,7 @@ cmd_up() {
 
 cmd_down() {
     if [[ -s $CONF ]] && pid_alive "$RUN/slurmctld.pid"; then
-        local jobs i
-        jobs=$(squeue -h -o %i 2>/dev/null | tr '\n' ' ' || true)
-        if [[ -n ${jobs// /} ]]; then
-            log "cancelling jobs: $jobs"
-            # shellcheck disable=SC2086
-            scancel $jobs 2>/dev/null || true
-            for i in $(seq 1 75); do # KillWait=10: give the jobs' processes time to go
-                [[ -z $(squeue -h -o %i 2>/dev/null) ]] && break
-                sleep 0.2
-            done
-        fi
+        cancel_all_jobs
     fi
     stop_pidfile slurmd "$RUN/slurmd.pid"
     stop_pidfile slurmctld "$RUN/slurmctld.pid"

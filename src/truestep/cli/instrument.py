@@ -69,10 +69,18 @@ def report_main(argv: list[str]) -> int:
 
 
 def _experiment(
-    config: str, overrides: list[str], out: Path, nproc: int, faults: list[str], ablation: bool, margin: float
+    config: str,
+    overrides: list[str],
+    out: Path,
+    nproc: int,
+    faults: list[str],
+    ablation: bool,
+    margin: float,
+    nnodes: int = 1,
 ) -> dict:
     cfg = load_config(config, overrides)
-    jobs = plan_jobs(config, overrides, nproc, faults, ablation, interval=cfg.checkpoint.interval or 5)
+    interval = cfg.checkpoint.interval or 5
+    jobs = plan_jobs(config, overrides, nproc, faults, ablation, interval=interval, nnodes=nnodes)
     run_plan(out, jobs)
     summary = summarize(out, margin)
     from truestep.analysis.report import write_report
@@ -89,21 +97,31 @@ def experiment_main(argv: list[str]) -> int:
     )
     p.add_argument("config", nargs="?", default="demo")
     p.add_argument("--out", default="runs/experiment")
-    p.add_argument("--nproc", type=int, default=2)
+    p.add_argument("--nproc", type=int, default=2, help="ranks per node")
+    p.add_argument(
+        "--nnodes",
+        type=int,
+        default=1,
+        help="supervisors ('nodes') per job on this machine; with kill:node=K the report covers a node "
+        "loss end to end (docs/slurm.md)",
+    )
     p.add_argument("--fault", action="append", default=[], help="fault spec (repeatable); see docs/faults.md")
     p.add_argument("--campaign", type=int, default=0, help="add N random process-level faults")
     p.add_argument("--seed", type=int, default=0, help="campaign seed")
     p.add_argument("--ablation", action="store_true", help="also run the mechanism on/off matrix")
     p.add_argument("--margin", type=float, default=DEFAULT_MARGIN)
     a, overrides = p.parse_known_args(argv)
+    if a.nproc < 1 or a.nnodes < 1:
+        p.error("--nproc and --nnodes must be >= 1")
     faults = list(a.fault)
     if a.campaign:
         cfg = load_config(a.config, overrides)
-        faults += campaign(a.campaign, a.seed, cfg.train.max_steps, a.nproc, cfg.checkpoint.interval or 5)
+        world = a.nproc * a.nnodes
+        faults += campaign(a.campaign, a.seed, cfg.train.max_steps, world, cfg.checkpoint.interval or 5)
     parse_faults(";".join(faults))  # reject bad specs before any run starts
     if not faults and not a.ablation:
         p.error("nothing to measure: give --fault, --campaign N or --ablation")
-    summary = _experiment(a.config, overrides, Path(a.out), a.nproc, faults, a.ablation, a.margin)
+    summary = _experiment(a.config, overrides, Path(a.out), a.nproc, faults, a.ablation, a.margin, a.nnodes)
     faulted = summary["runs"].get("faulted")
     return 0 if faulted is None or faulted["preserving"] else 1
 

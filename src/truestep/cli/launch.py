@@ -48,7 +48,11 @@ def launch_main(argv: list[str]) -> int:
         parser.error("--master-port is required with --nnodes > 1 (all nodes must agree on it)")
     cfg = load_config(args.config, overrides)
     faults = requested_faults(args.fault)
-    parse_faults(faults)  # reject a bad spec here, not in N children
+    for spec in parse_faults(faults):  # reject a bad spec here, not in N children
+        if spec.node is not None and not 0 <= spec.node < args.nnodes:
+            parser.error(
+                f"fault {spec.text!r}: node {spec.node} is not one of this job's {args.nnodes} nodes"
+            )
     if faults:
         os.environ[ENV_FAULTS] = faults
     validate_layout(cfg, args.nproc * args.nnodes)  # fail here, not in N children

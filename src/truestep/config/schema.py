@@ -219,6 +219,15 @@ class ResilienceConfig:
     slot that has already imported torch and truestep, and hands it the rank at a restart instead of
     starting a cold process (docs/resilience.md, "Warm standby"). Costs one idle process per rank
     (memory only: see benchmarks/README.md); never touches the GPU. Off = every restart starts cold."""
+    node_watch: bool = True
+    """Mechanism switch: the supervisors of a multi-node job watch each other over the job's network and
+    stop for a requeue when a node is gone. Off = a lost node is seen only as local rank failures: the
+    survivors restart in place and wait for the scheduler to notice (SlurmdTimeout)."""
+    node_timeout_s: float = 5.0
+    """Multi-node jobs: the supervisors of all nodes exchange a beat every heartbeat_interval_s over the
+    job's network; a node silent this long (a partition, a powered-off node) is lost, and the others stop
+    for a requeue (exit 77) instead of restarting in place. A node whose processes die is noticed at once
+    (its connection closes). Keep it below hang_timeout_s and above the longest network blip you accept."""
 
     def signal_names(self) -> list[str]:
         """`signals` split into names (checked against PREEMPTION_SIGNALS by config.validate)."""

@@ -181,6 +181,7 @@ def validate(cfg: JobConfig) -> None:
             r.collective_timeout_s,
             r.startup_timeout_s,
             r.lease_ttl_s,
+            r.node_timeout_s,
         )
         > 0,
         "resilience timeouts and heartbeat_interval_s must be positive",
@@ -188,6 +189,11 @@ def validate(cfg: JobConfig) -> None:
     _require(
         r.liveness_timeout_s > 2 * r.heartbeat_interval_s,
         "resilience.liveness_timeout_s must exceed 2 x heartbeat_interval_s",
+    )
+    _require(
+        r.node_timeout_s > 2 * r.heartbeat_interval_s,
+        f"resilience.node_timeout_s={r.node_timeout_s:g} must exceed 2 x heartbeat_interval_s="
+        f"{r.heartbeat_interval_s:g}: a node is judged by the beats it sends every heartbeat_interval_s",
     )
     _require(c.interval >= 0, "checkpoint.interval must be >= 0 (0 = only final/emergency saves)")
     _require(c.keep_last_n >= 0, "checkpoint.keep_last_n must be >= 0 (0 keeps all)")

@@ -34,6 +34,9 @@ class ExitCode(enum.IntEnum):
     """Preempted gracefully, emergency checkpoint committed: requeue me (EX_TEMPFAIL)."""
     FORCED = 76
     """The graceful stop missed its deadline and exited hard: still requeue."""
+    NODE_LOST = 77
+    """Another node of a multi-node job is gone (crashed, partitioned, never joined): a restart on these
+    nodes cannot succeed, so the scheduler must requeue the job (onto healthy nodes)."""
     INTERRUPTED = 130
     """Ctrl-C (SIGINT): emergency checkpoint committed, not requeued."""
 
@@ -141,3 +144,9 @@ def expected_failure(err: BaseException) -> tuple[int, str] | None:
     if found is not None:
         return int(ExitCode.FAILURE), f"I/O error: {os_error_line(found)}"
     return None
+
+
+class NodeLostError(TruestepError):
+    """Another node of the job is gone; this node stops so that the scheduler requeues the job."""
+
+    exit_code = ExitCode.NODE_LOST

@@ -50,15 +50,21 @@ def plan_jobs(
     ablation_modes: list[str] | None = None,
     fault_step: int = 13,
     interval: int = 5,
+    nnodes: int = 1,
 ) -> list[JobSpec]:
-    jobs = [JobSpec("reference", config, overrides, nproc), JobSpec("floor", config, overrides, nproc)]
+    """`nproc` ranks on each of `nnodes` nodes for every job (multi-node jobs: runner.py)."""
+    jobs = [
+        JobSpec("reference", config, overrides, nproc, nnodes=nnodes),
+        JobSpec("floor", config, overrides, nproc, nnodes=nnodes),
+    ]
     if faults:
-        jobs.append(JobSpec("faulted", config, overrides, nproc, faults))
+        jobs.append(JobSpec("faulted", config, overrides, nproc, faults, nnodes=nnodes))
     if ablation:
         for row in ablation_rows or list(ABLATION_ROWS):
             for mode in ablation_modes or list(ABLATION_MODES):
-                cell = ablation_faults(row, mode, fault_step, interval, nproc)
+                cell = ablation_faults(row, mode, fault_step, interval, nproc * nnodes)
+                row_overrides = overrides + ABLATION_ROWS[row]
                 jobs.append(
-                    JobSpec(f"ablation-{row}-{mode}", config, overrides + ABLATION_ROWS[row], nproc, cell)
+                    JobSpec(f"ablation-{row}-{mode}", config, row_overrides, nproc, cell, nnodes=nnodes)
                 )
     return jobs

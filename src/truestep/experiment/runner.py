@@ -1,10 +1,16 @@
 """Run an experiment's jobs the way a preemptible cluster would: the local supervisor restarts failed ranks, and a
-graceful preemption (exit 75) is requeued by relaunching the supervisor, as SLURM would."""
+graceful preemption (exit 75) is requeued by relaunching the supervisor, as SLURM would.
+
+With nnodes > 1 every launch is one supervisor per "node" on this machine (node ranks 0..N-1, one
+rendezvous port, one job id), and the job is relaunched as a whole -- a new launch, as after a SLURM
+requeue -- when a node stopped for a requeue: preempted (75, 76), a node lost (77), or a node crashed
+(killed by a signal: `kill:node=K`). On a real cluster the scheduler does this (docs/slurm.md)."""
 
 from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -12,7 +18,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from truestep.config.load import load_config
-from truestep.core.names import ENV_FAULTS, ENV_JOB_START, METRICS_FILE
+from truestep.core.errors import NO_REQUEUE, ExitCode
+from truestep.core.names import ENV_FAULTS, ENV_JOB_GENERATION, ENV_JOB_START, METRICS_FILE
 
 
 @dataclass
@@ -26,6 +33,8 @@ class JobSpec:
     max_requeues: int = 4
     requeue_delay_s: float = 1.0
     """Simulated scheduler wait between a requeue exit and the relaunch."""
+    nnodes: int = 1
+    """Supervisors ("nodes") per launch, each running `nproc` ranks, all on this machine."""
 
 
 def run_job(spec: JobSpec, run_dir: Path, log: Path | None = None) -> int:
@@ -40,6 +49,8 @@ def run_job(spec: JobSpec, run_dir: Path, log: Path | None = None) -> int:
     env[ENV_JOB_START] = str(time.time())
     cmd = [sys.executable, "-m", "truestep", "launch", spec.config, f"--nproc={spec.nproc}"]
     cmd += [f"--max-restarts={spec.max_restarts}", f"--run.dir={run_dir}", *spec.overrides]
+    if spec.nnodes > 1:
+        return _run_nodes(spec, cmd, env, run_dir, requeue_code, log)
     code = 1
     for _ in range(spec.max_requeues + 1):
         # The supervisor numbers attempts across requeues (from the run's events), so a fault armed
@@ -50,6 +61,40 @@ def run_job(spec: JobSpec, run_dir: Path, log: Path | None = None) -> int:
             return code
         time.sleep(spec.requeue_delay_s)
     return code
+
+
+def _run_nodes(
+    spec: JobSpec, cmd: list[str], env: dict[str, str], run_dir: Path, requeue_code: int, log: Path | None
+) -> int:
+    """One supervisor per node, relaunched together while the job asks for a requeue."""
+    requeue = {requeue_code, requeue_code + 1, ExitCode.NODE_LOST}
+    job = f"experiment-{run_dir.name}-{os.getpid()}"
+    codes = [1]
+    for generation in range(spec.max_requeues + 1):
+        with socket.socket() as probe:  # a fresh rendezvous port per launch (node 0 listens on it)
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        nodes = [f"--nnodes={spec.nnodes}", f"--master-port={port}", f"--job-id={job}"]
+        with open(log or os.devnull, "a") as out:
+            procs = [
+                subprocess.Popen(
+                    [*cmd, *nodes, f"--node-rank={node}"],
+                    env={**env, ENV_JOB_GENERATION: str(generation)},
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                )
+                for node in range(spec.nnodes)
+            ]
+            codes = [proc.wait() for proc in procs]
+        if all(code == 0 for code in codes):
+            return 0
+        refused = [code for code in codes if code in NO_REQUEUE]
+        if refused:
+            return refused[0]
+        if not any(code in requeue or code < 0 for code in codes):
+            return max(codes)  # the supervisors gave up
+        time.sleep(spec.requeue_delay_s)
+    return next((code for code in codes if code != 0), 1)
 
 
 def run_plan(out: Path, jobs: list[JobSpec], progress: bool = True) -> None:

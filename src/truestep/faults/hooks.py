@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import sys
 import time
 from collections.abc import Callable
@@ -61,8 +62,15 @@ def _elapsed() -> float:
     return time.time() - float(os.environ.get(ENV_JOB_START, truestep.STARTED_AT))
 
 
+def _node() -> tuple[int, int]:
+    """(this rank's node in a multi-node job, its rank on that node), from the supervisor's environment."""
+    return int(os.environ.get("GROUP_RANK", "0")), world_from_env()[2]
+
+
 def _due(spec: FaultSpec, step: int | None, rank: int, attempt: int) -> bool:
     if spec.restart != attempt or (spec.rank is not None and spec.rank != rank):
+        return False
+    if spec.node is not None and _node() != (spec.node, 0):
         return False
     if spec.time is not None:
         return _elapsed() >= spec.time
@@ -96,6 +104,8 @@ def _announce(spec: FaultSpec, name: str, step: int | None, rank: int) -> None:
     if run_dir is not None:
         record = {"time": now, "source": "fault", "event": "fault_injected", "kind": spec.kind}
         record.update(point=name, step=step, rank=rank, attempt=_attempt(), spec=spec.describe())
+        if spec.node is not None:
+            record.update(scope="node", node=spec.node, host=socket.gethostname())
         append_bytes(run_dir / EVENTS_FILE, (json.dumps(record) + "\n").encode())  # one O_APPEND write
 
 
@@ -126,7 +136,11 @@ def _slow_down(factor: float) -> None:
 def fault_point(name: str, step: int | None = None) -> None:
     """Act out every fault armed for this point and due now."""
     for spec in _fire(name, step):
-        if spec.kind in ("crash", "kill"):
+        if spec.kind == "kill" and spec.node is not None:
+            # The whole node: its supervisor first (its other ranks die with it: PR_SET_PDEATHSIG).
+            os.kill(int(os.environ.get(ENV_SUPERVISOR_PID, os.getpid())), signal.SIGKILL)
+            os.kill(os.getpid(), signal.SIGKILL)
+        elif spec.kind in ("crash", "kill"):
             os.kill(os.getpid(), signal.SIGKILL)
         elif spec.kind == "hang":
             os.kill(os.getpid(), signal.SIGSTOP)

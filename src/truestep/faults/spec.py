@@ -3,6 +3,7 @@
 User-facing kinds (`--fault` on train/launch/experiment, or TRUESTEP_FAULTS, ';'-separated):
 
   kill:rank=1:step=120            SIGKILL rank 1 when it starts step 120
+  kill:node=1:step=120            a node crash: SIGKILL node 1's supervisor and every rank of it
   term:step=300                   the scheduler's preemption: SIGTERM to the whole job (the supervisor)
   hang:rank=0:step=50             SIGSTOP rank 0 (a hang: alive but silent)
   crash-in-save:phase=after-shards[:step=N][:rank=R]   SIGKILL inside the commit protocol
@@ -36,7 +37,7 @@ SAVE_PHASES = (
 )
 POINTS = (*(f"save:{p}" for p in SAVE_PHASES), "train:step", "train:loss", "startup", "restore")
 KINDS = ("kill", "term", "hang", "crash-in-save", "corrupt", "nan", "slow", "crash", "sleep")
-_FIELDS = {"at", "step", "from", "rank", "restart", "seconds", "time", "phase", "target", "factor"}
+_FIELDS = {"at", "step", "from", "rank", "node", "restart", "seconds", "time", "phase", "target", "factor"}
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,9 @@ class FaultSpec:
     """slow: step-time multiplier."""
     from_step: int | None = None
     """Fire the first time the point is reached at a step >= this (e.g. whichever save comes next)."""
+    node: int | None = None
+    """kill: every process of this node of a multi-node job (its supervisor and ranks); its first rank
+    fires it."""
     text: str = field(default="", compare=False)
     """The spec as the user wrote it (whitespace removed): re-runnable, logged with the fault."""
 
@@ -103,9 +107,15 @@ def _parse(item: str) -> FaultSpec:
     if kind in ("kill", "hang") and "at" in f:
         # At a named point instead of a step: e.g. `hang:at=startup:rank=1`, before the first heartbeat.
         return FaultSpec(kind, f["at"], rank=0 if rank is None else rank, **common)
+    if "node" in f and (kind != "kill" or "rank" in f or "at" in f):
+        raise FaultSpecError(
+            f"fault {item!r}: node=K is for kill:node=K:step=N (a node crash), without rank/at"
+        )
     if kind in ("kill", "term", "hang", "corrupt"):
         if step is None and when is None and "from" not in f:
             raise FaultSpecError(f"fault {item!r}: {kind} needs step=N, from=N or time=SECONDS")
+        if "node" in f:
+            return FaultSpec(kind, "train:step", node=int(f["node"]), **common)
         if kind == "corrupt" and f.get("target", "latest") != "latest":
             raise FaultSpecError(f"fault {item!r}: only target=latest is supported")
         return FaultSpec(kind, "train:step", rank=0 if rank is None else rank, **common)

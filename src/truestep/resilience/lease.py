@@ -31,7 +31,7 @@ from typing import Any
 
 from truestep.core.errors import FencedError, RunDirBusyError
 from truestep.core.fsio import atomic_write
-from truestep.core.names import ENV_JOB_ID, EVENTS_FILE, LEASE_FILE, LEASE_LOCK_FILE
+from truestep.core.names import ENV_JOB_GENERATION, ENV_JOB_ID, EVENTS_FILE, LEASE_FILE, LEASE_LOCK_FILE
 
 LEASE_FORMAT = "truestep-lease"
 
@@ -55,9 +55,10 @@ def process_start_ticks(pid: int) -> int | None:
 
 
 def job_generation() -> str:
-    """Which launch of the job this is: SLURM_RESTART_COUNT (unset on the first run), else "0".
-    Lets the other nodes of a requeued multi-node job tell node 0's new lease from the last launch's."""
-    return os.environ.get("SLURM_RESTART_COUNT", "0")
+    """Which launch of the job this is: TRUESTEP_JOB_GENERATION, else SLURM_RESTART_COUNT (unset on the
+    first run), else "0". Lets the other nodes of a requeued multi-node job tell node 0's new lease from
+    the last launch's (whose holder may have died without releasing it)."""
+    return os.environ.get(ENV_JOB_GENERATION) or os.environ.get("SLURM_RESTART_COUNT", "0")
 
 
 def job_id() -> str:
@@ -80,6 +81,11 @@ class Holder:
     renewed_at: float
     generation: str = "0"
     released: bool = False
+    hub_port: int = 0
+    """Multi-node jobs: the TCP port on node 0 where the other nodes' supervisors report (resilience/peers.py)."""
+    attempt_begun: bool = False
+    """The holder has begun an attempt: `incarnation` is its number. Right after acquire it still holds
+    the previous launch's number, which the other nodes must not start."""
 
     def describe(self) -> str:
         since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.acquired_at))
@@ -167,9 +173,9 @@ class RunDirLease:
         record: dict[str, Any] = {"format": LEASE_FORMAT, **asdict(holder)}
         atomic_write(self.run_dir / LEASE_FILE, json.dumps(record, indent=1).encode())
 
-    def acquire(self) -> Holder | None:
+    def acquire(self, hub_port: int = 0) -> Holder | None:
         """Take the lease or raise RunDirBusyError naming the live holder; returns the previous holder
-        when one was taken over (for the event log)."""
+        when one was taken over (for the event log). `hub_port` is published for the other nodes."""
         with self._locked():
             current = read_lease(self.run_dir)
             if current is not None and current.job != self.job and current.alive(self.ttl_s):
@@ -190,6 +196,7 @@ class RunDirLease:
                 now,
                 now,
                 job_generation(),
+                hub_port=hub_port,
             )
             self._write(mine)
             self.incarnation = floor
@@ -200,6 +207,7 @@ class RunDirLease:
         with self._locked():
             current = self._still_mine()
             current.incarnation += 1
+            current.attempt_begun = True
             current.renewed_at = time.time()
             self._write(current)
             self.incarnation = current.incarnation
@@ -254,9 +262,29 @@ def check_fence(run_dir: Path, job: str, incarnation: int) -> None:
         )
 
 
-def await_attempt(run_dir: Path, job: str, after: int, timeout_s: float, poll_s: float = 0.1) -> int:
+def attempt_superseded(run_dir: Path, job: str, attempt: int) -> bool:
+    """True when this launch of the job has started a newer attempt than `attempt` (node 0 restarted):
+    the other nodes of the job follow it, where another job or another launch would fence them."""
+    current = read_lease(run_dir)
+    return (
+        current is not None
+        and not current.released
+        and (current.job, current.generation) == (job, job_generation())
+        and current.incarnation > attempt
+    )
+
+
+def await_attempt(
+    run_dir: Path,
+    job: str,
+    after: int,
+    timeout_s: float,
+    poll_s: float = 0.1,
+    check: Callable[[], None] | None = None,
+) -> Holder:
     """Other nodes of a multi-node job: wait until node 0 of this launch of the job started an attempt
-    newer than `after`; that is the number this node's ranks use too."""
+    newer than `after`; its incarnation is the number this node's ranks use too. `check` is called at
+    every poll and may raise to stop waiting (node 0 is known to be gone)."""
     deadline = time.monotonic() + timeout_s
     generation = job_generation()
     while True:
@@ -264,10 +292,13 @@ def await_attempt(run_dir: Path, job: str, after: int, timeout_s: float, poll_s:
         if (
             current is not None
             and (current.job, current.generation) == (job, generation)
+            and current.attempt_begun
             and current.incarnation > after
             and not current.released
         ):
-            return current.incarnation
+            return current
+        if check is not None:
+            check()
         if time.monotonic() > deadline:
             who = current.describe() if current else "no lease"
             raise FencedError(

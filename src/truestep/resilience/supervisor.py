@@ -8,6 +8,9 @@ rendezvous port (on one node), so nothing of the previous attempt's store surviv
 
 Attempts are numbered job-wide by the lease's incarnation: node 0 bumps it, the other nodes of a
 multi-node job wait for the bump, so every node and every rank logs the same number for one attempt.
+What a node cannot see in its own ranks -- another node gone, the job moved on -- is judged by
+resilience/nodes.py: after a local failure every node restarts in place, but when a whole node is gone
+the survivors stop (exit 77) so that the scheduler requeues the job onto healthy nodes.
 Ranks run in their own session (a Ctrl-C reaches only the supervisor, which forwards it exactly once)
 and die with the supervisor (resilience/orphan.py). A restarted rank is a warm standby handed its rank
 when one is parked for its slot (resilience/standby.py), else a fresh process.
@@ -25,7 +28,7 @@ from pathlib import Path
 
 from truestep.config.load import to_toml
 from truestep.config.schema import JobConfig
-from truestep.core.errors import NOT_RETRYABLE, ExitCode, FencedError
+from truestep.core.errors import NOT_RETRYABLE, ExitCode, FencedError, TruestepError
 from truestep.core.fsio import atomic_write, make_dir
 from truestep.core.names import (
     ENV_ATTEMPT,
@@ -36,7 +39,8 @@ from truestep.core.names import (
     attempt_config_path,
     heartbeat_path,
 )
-from truestep.resilience.lease import RunDirLease, await_attempt
+from truestep.resilience.lease import RunDirLease
+from truestep.resilience.nodes import JobNodes
 from truestep.resilience.standby import StandbyPool
 from truestep.resilience.watch import AttemptWatch, Failure, Rank
 from truestep.telemetry.jsonl import JsonlWriter
@@ -70,9 +74,14 @@ class Supervisor:
         self.run_dir = Path(cfg.run.dir)
         make_dir(self.run_dir)
         self.lease = RunDirLease(self.run_dir, spec.job_id, cfg.resilience.lease_ttl_s)
-        taken_over = self.lease.acquire() if spec.node_rank == 0 else None  # refuses a second job
+        self.nodes = JobNodes(
+            self.run_dir, spec.job_id, spec.node_rank, spec.nnodes, spec.master_addr, cfg.resilience
+        )
+        hub_port = self.nodes.hub_port  # published in the lease for the other nodes
+        taken_over = self.lease.acquire(hub_port) if spec.node_rank == 0 else None  # refuses a second job
         self.events = JsonlWriter(
-            self.run_dir / EVENTS_FILE, {"source": "supervisor", "node": spec.node_rank}
+            self.run_dir / EVENTS_FILE,
+            {"source": "supervisor", "node": spec.node_rank, "host": socket.gethostname()},
         )
         if taken_over is not None:
             self.events.write({"event": "lease_taken_over", "previous": taken_over.describe()})
@@ -83,6 +92,8 @@ class Supervisor:
         self.interrupts = 0
         self.lost_lease: FencedError | None = None
         self.attempt = -1
+        self.outcome = "error"
+        """How the supervisor ended (supervisor_end's outcome), told to the other nodes."""
         self.job_start = time.time()
         preemption = cfg.resilience.preemption_signals()
         for signum in preemption:
@@ -105,10 +116,10 @@ class Supervisor:
     # --- one attempt -------------------------------------------------------------------------------
 
     def _next_attempt(self) -> int:
-        if self.spec.node_rank == 0:
-            return self.lease.begin_attempt()
-        timeout = self.cfg.resilience.startup_timeout_s
-        return await_attempt(self.run_dir, self.spec.job_id, self.attempt, timeout)
+        attempt, joined = self.nodes.next_attempt(self.lease, self.attempt)
+        if joined is not None:
+            self.events.write({"event": "node_joined", "hub": joined})
+        return attempt
 
     def _spawn(self, attempt: int) -> list[Rank]:
         port = self.spec.master_port or free_port()
@@ -174,6 +185,10 @@ class Supervisor:
         forwarded = interrupts_forwarded = 0
         watch = AttemptWatch(self.run_dir, ranks, self.cfg.resilience)
         while True:
+            try:
+                elsewhere = self.nodes.check(self.attempt)  # another node gone, or node 0 restarted
+            except FencedError as err:
+                self.lost_lease, elsewhere = err, None
             if self.lost_lease is not None:
                 return "fenced", None
             if self.signalled and not forwarded:
@@ -188,7 +203,14 @@ class Supervisor:
                 self.events.write({"event": "signal_forwarded", "signal": "SIGINT"})
             codes = {r.rank: r.proc.poll() for r in ranks}
             outcome = self._exit_outcome(codes)
+            if outcome == (f"exit:{ExitCode.FENCED}", None):
+                follow = self.nodes.rank_fenced(self.attempt)  # it saw node 0's restart before we did
+                outcome = ("failed", follow) if follow is not None else outcome
+            if elsewhere is not None and (outcome is None or outcome[0] == "failed"):
+                outcome = ("node_lost" if elsewhere.kind == "node_lost" else "failed", elsewhere)
             if outcome is not None:
+                if outcome[1] is not None:
+                    outcome[1].exit_codes = codes
                 return outcome
             if self.cfg.resilience.heartbeat:
                 failure = watch.check()
@@ -215,10 +237,22 @@ class Supervisor:
             rank.proc.wait()
 
     def _end(self, outcome: str, restarts: int, code: int) -> int:
+        self.outcome = outcome
         self.events.write(
-            {"event": "supervisor_end", "outcome": outcome, "restarts": restarts, "exit_code": code}
-        )
+            {"event": "supervisor_end", "attempt": self.attempt, "outcome": outcome, "restarts": restarts,
+             "exit_code": code}
+        )  # fmt: skip
         return code
+
+    def _failure_detected(self, failure: Failure, detected: float) -> None:
+        self.events.write(
+            {
+                "event": "failure_detected",
+                "attempt": self.attempt,
+                **failure.to_event(),
+                "detected_at": detected,
+            }
+        )
 
     # --- the restart loop --------------------------------------------------------------------------
 
@@ -242,21 +276,19 @@ class Supervisor:
             ranks = self._spawn(self.attempt)
             outcome, failure = self._watch(ranks)
             if failure is not None or outcome in ("fenced", "interrupted"):
-                detected = time.time()
+                detected, since = time.time(), time.monotonic()
                 if failure is not None:
-                    self.events.write(
-                        {
-                            "event": "failure_detected",
-                            "attempt": self.attempt,
-                            "kind": failure.kind,
-                            "rank": failure.rank,
-                            "detail": failure.detail,
-                            "exit_codes": {str(k): v for k, v in failure.exit_codes.items()},
-                            "detected_at": detected,
-                        }
-                    )
+                    self._failure_detected(failure, detected)
                 self._teardown(ranks)
-                self.events.write({"event": "teardown_complete", "teardown_s": time.time() - detected})
+                self.events.write(
+                    {
+                        "event": "teardown_complete",
+                        "attempt": self.attempt,
+                        "teardown_s": time.time() - detected,
+                    }
+                )
+                if failure is not None and failure.kind != "node_lost":
+                    outcome, failure = self._before_restart(outcome, failure, since)
             else:
                 for rank in ranks:
                     rank.proc.wait()
@@ -265,6 +297,11 @@ class Supervisor:
             if outcome == "fenced":
                 print(f"truestep launch: {self.lost_lease}", file=sys.stderr, flush=True)
                 return self._end(outcome, restarts, ExitCode.FENCED)
+            if outcome == "node_lost" and failure is not None and failure.loss is not None:
+                print(
+                    f"truestep launch: {failure.detail}; stopping for a requeue", file=sys.stderr, flush=True
+                )
+                return self._end(outcome, restarts, failure.loss.exit_code())
             if outcome == "interrupted" or self.interrupts:
                 return self._end("interrupted", restarts, ExitCode.INTERRUPTED)
             if outcome.startswith("exit:"):
@@ -279,13 +316,36 @@ class Supervisor:
             restarts += 1
             self.events.write({"event": "restart", "restart": restarts, "after": outcome})
 
+    def _before_restart(self, outcome: str, failure: Failure, since: float) -> tuple[str, Failure | None]:
+        """A local failure: restart in place only while the job is still ours and every node is there."""
+        try:
+            lost = self.nodes.before_restart(self.attempt, since)
+        except FencedError as err:
+            self.lost_lease = err
+            return "fenced", None
+        if lost is None or lost.kind != "node_lost":
+            return outcome, failure
+        self._failure_detected(lost, lost.loss.at if lost.loss else time.time())
+        return "node_lost", lost
+
 
 def run_supervisor(spec: LaunchSpec, cfg: JobConfig) -> int:
     supervisor = Supervisor(spec, cfg)
+    code = int(ExitCode.FAILURE)
     try:
-        return supervisor.run()
+        code = supervisor.run()
+        return code
+    except TruestepError as err:  # e.g. node 0 gone while this node waited for its next attempt
+        code, supervisor.outcome = err.exit_code, type(err).__name__
+        supervisor.events.write(
+            {"event": "supervisor_end", "attempt": supervisor.attempt, "outcome": type(err).__name__,
+             "exit_code": int(code), "detail": str(err)}
+        )  # fmt: skip
+        raise
     finally:
         supervisor.standbys.close()
+        # Goodbye with the exit code: the other nodes tell an end from a loss.
+        supervisor.nodes.close(code, supervisor.outcome)
         if spec.node_rank == 0:
             supervisor.lease.release()
         supervisor.events.close()

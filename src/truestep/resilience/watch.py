@@ -7,6 +7,9 @@ A rank is judged by its process and its heartbeat file:
 - its heartbeat is older than `liveness_timeout_s` (stopped, or the whole process hung) -> `stale_heartbeat`;
 - it trained but its step did not advance for `hang_timeout_s` while every rank trained -> `no_progress`;
 - it has been shutting down for longer than the collective timeout allows -> `stuck_in_shutdown`.
+A heartbeat file written by another process (a stale attempt's rank that has not yet seen it is fenced,
+in the shared run directory) is not this rank's: its own last beat counts. A multi-node job is also
+judged by its other nodes (resilience/nodes.py): `node_lost`, `attempt_superseded`.
 """
 
 from __future__ import annotations
@@ -20,15 +23,24 @@ from truestep.config.schema import ResilienceConfig
 from truestep.core.names import heartbeat_path
 from truestep.core.status import Phase
 from truestep.resilience.heartbeat import read_heartbeat
+from truestep.resilience.peers import NodeLoss
 
 
 @dataclass
 class Failure:
     kind: str
-    """process_exit, startup_timeout, stale_heartbeat, no_progress or stuck_in_shutdown."""
-    rank: int
+    """process_exit, startup_timeout, stale_heartbeat, no_progress, stuck_in_shutdown or node_lost."""
+    rank: int | None
+    """The rank judged (None for a node loss)."""
     detail: str
     exit_codes: dict[int, int | None] = field(default_factory=dict)
+    loss: NodeLoss | None = None
+    """node_lost: which node, how, and who saw it."""
+
+    def to_event(self) -> dict:
+        record = {"kind": self.kind, "rank": self.rank, "detail": self.detail}
+        record["exit_codes"] = {str(k): v for k, v in self.exit_codes.items()}
+        return {**record, **(self.loss.to_event() if self.loss else {})}
 
 
 @dataclass
@@ -47,6 +59,8 @@ class AttemptWatch:
         self.ranks = ranks
         self.cfg = cfg
         self.progress: dict[int, tuple[int, str, float]] = {}
+        self.own_beats: dict[int, dict] = {}
+        """rank -> the last heartbeat this attempt's own process wrote (the file may hold a stranger's)."""
 
     def check(self) -> Failure | None:
         """Liveness for every phase; progress only while every rank trains; a bound on shutdown.
@@ -61,7 +75,10 @@ class AttemptWatch:
             if rank.proc.poll() is not None:
                 continue  # exited: the exit check judges it
             beat = read_heartbeat(heartbeat_path(self.run_dir, rank.rank))
-            if beat is None or beat.get("pid") != rank.proc.pid:
+            if beat is not None and beat.get("pid") == rank.proc.pid:
+                self.own_beats[rank.rank] = beat
+            beat = self.own_beats.get(rank.rank)
+            if beat is None:
                 waited = now - rank.spawned_at
                 if waited > r.startup_timeout_s:
                     return Failure(

@@ -1,0 +1,127 @@
+"""A supervisor's view of the rest of its job: the other nodes, and whether the job has moved on.
+
+What one node's supervisor cannot see in its own ranks, in one place, so that the restart loop
+(resilience/supervisor.py) asks three questions and nothing more:
+- during an attempt (`check`, every poll): is a peer node gone (resilience/peers.py)? Has the job moved
+  on without this node -- the lease names another launch or job (fenced: stand aside, exit 5) -- or
+  has node 0 merely started the next attempt of this launch (follow it: tear down, restart in place)?
+- when a rank exited FENCED (`rank_fenced`): was it fenced, or did it just see node 0's restart first?
+- before restarting in place after a local failure (`before_restart`): is the job still this node's,
+  and is every other node still there (each must send a beat after the failure)? A node lost here
+  stops this node for a requeue (exit 77) instead of waiting for a peer that cannot come back.
+The lease is re-read every FENCE_CHECK_S (a small file on the shared filesystem).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from truestep.config.schema import ResilienceConfig
+from truestep.core.errors import FencedError
+from truestep.resilience.heartbeat import FENCE_CHECK_S
+from truestep.resilience.lease import (
+    RunDirLease,
+    attempt_superseded,
+    await_attempt,
+    check_fence,
+    job_generation,
+)
+from truestep.resilience.peers import Hub, Member, NodeLoss, make_link
+from truestep.resilience.watch import Failure
+
+
+class JobNodes:
+    def __init__(
+        self, run_dir: Path, job: str, node: int, nnodes: int, master_addr: str, cfg: ResilienceConfig
+    ) -> None:
+        self.run_dir = run_dir
+        self.job = job
+        self.node = node
+        self.master_addr = master_addr
+        self.cfg = cfg
+        self.peers = (
+            make_link(node, nnodes, job, job_generation(), cfg.heartbeat_interval_s, cfg.node_timeout_s,
+                      cfg.startup_timeout_s)
+            if cfg.node_watch
+            else None
+        )  # fmt: skip
+        self.hub_port = self.peers.port if isinstance(self.peers, Hub) else 0
+        """Published in the lease by node 0, so the other nodes' supervisors can report to it."""
+        self.loss: NodeLoss | None = None
+        """The node whose loss stopped this one (passed on to the peers in the goodbye)."""
+        self._fence_checked = 0.0
+
+    # --- between attempts ---------------------------------------------------------------------------
+
+    def next_attempt(self, lease: RunDirLease, after: int) -> tuple[int, str | None]:
+        """The number of the attempt to start: node 0 begins it, the others wait for node 0 (and, the
+        first time, join its link). Returns (attempt, where this node joined node 0 or None)."""
+        if self.node == 0:
+            return lease.begin_attempt(), None
+        timeout = self.cfg.startup_timeout_s
+        member = self.peers if isinstance(self.peers, Member) else None
+        joined = member is not None and member.peers[0].joined
+        check = member.raise_if_gone if member is not None and joined else None
+        holder = await_attempt(self.run_dir, self.job, after, timeout, check=check)
+        if member is None or joined:
+            return holder.incarnation, None
+        member.join(self.master_addr, holder.hub_port, timeout)
+        return holder.incarnation, f"{self.master_addr}:{holder.hub_port}"
+
+    def before_restart(self, attempt: int, since: float) -> Failure | None:
+        """After a local failure (detected at monotonic `since`): raises FencedError when the job moved
+        on without this node; returns a node_lost Failure when another node is gone; else None."""
+        self._lease(attempt)
+        if self.peers is None:
+            return None
+        loss = self.peers.require_all(since, abort=lambda: self._lease(attempt))
+        return self._lost(loss) if loss is not None else None
+
+    # --- during an attempt --------------------------------------------------------------------------
+
+    def check(self, attempt: int) -> Failure | None:
+        """Every poll: a node_lost or attempt_superseded Failure, None, or FencedError."""
+        if time.monotonic() - self._fence_checked >= FENCE_CHECK_S:
+            self._fence_checked = time.monotonic()
+            superseded = self._lease(attempt)
+            if superseded is not None:
+                return superseded
+        loss = self.peers.check() if self.peers is not None else None
+        return self._lost(loss) if loss is not None else None
+
+    def rank_fenced(self, attempt: int) -> Failure | None:
+        """A rank exited FENCED: the attempt_superseded Failure when node 0 only started the next attempt
+        of this launch (follow it), None when the job really moved on (stand aside)."""
+        return self._superseded(attempt) if self._follows(attempt) else None
+
+    # --- the end ------------------------------------------------------------------------------------
+
+    def close(self, code: int, outcome: str) -> None:
+        """Say goodbye to the other nodes with this node's exit code (and the lost node, if any)."""
+        if self.peers is not None:
+            self.peers.close(code, outcome, self.loss)
+
+    # --- helpers ------------------------------------------------------------------------------------
+
+    def _lease(self, attempt: int) -> Failure | None:
+        try:
+            check_fence(self.run_dir, self.job, attempt)
+        except FencedError:
+            if self._follows(attempt):
+                return self._superseded(attempt)
+            raise
+        return None
+
+    def _follows(self, attempt: int) -> bool:
+        return self.node != 0 and attempt_superseded(self.run_dir, self.job, attempt)
+
+    @staticmethod
+    def _superseded(attempt: int) -> Failure:
+        return Failure(
+            "attempt_superseded", None, f"node 0 started the next attempt after {attempt}: following it"
+        )
+
+    def _lost(self, loss: NodeLoss) -> Failure:
+        self.loss = loss
+        return Failure("node_lost", None, loss.describe(), loss=loss)

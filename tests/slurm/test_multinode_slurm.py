@@ -1,0 +1,214 @@
+"""Real SLURM, several nodes (the namespace cluster of conftest.py: n1..n3, each its own network namespace,
+address, hostname and slurmd): a 2-node job of scripts/slurm/train.sbatch loses a node (crash), is cut
+off from one (partition), or is preempted, and every time comes back and resumes -- bitwise where the
+layout is the same, within fp32 tolerance with the data order kept where it shrank to one node.
+
+Each test reads the run directory (every supervisor event names its node and host) and the job's
+output, and prints the measured latencies with the machine's load (`timing:` lines, shown with -s).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+from multinode import (
+    DETECT_CRASH_S,
+    STEPS,
+    assert_bitwise,
+    assert_job_wide_attempts,
+    events,
+    record_fault,
+    submit,
+    supervisor,
+    tail,
+    timing,
+    wait_training,
+)
+
+from truestep.analysis.mttr import incidents
+from truestep.analysis.runlog import RunLog
+from truestep.config.schema import ResilienceConfig
+from truestep.telemetry.jsonl import read_jsonl
+
+DONE = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED", "BOOT_FAIL"}
+DEFAULTS = ResilienceConfig()
+CROSS_LAYOUT_TOLERANCE = 2e-5
+"""Losses of different layouts agree within fp32 rounding (docs/determinism.md, tests/test_reshard.py)."""
+
+
+def hostnames(netns, nodelist: str) -> list[str]:
+    return netns.run("scontrol", "show", "hostnames", nodelist).stdout.split()
+
+
+def running_on(netns, job: str, diagnose, restarts: int = 0, timeout: float = 120) -> list[str]:
+    fields = netns.wait_job(
+        job,
+        lambda j: int(j["Restarts"]) >= restarts and j["JobState"] == "RUNNING",
+        timeout,
+        f"RUNNING with Restarts >= {restarts}",
+        diagnose,
+    )
+    return hostnames(netns, fields["NodeList"])
+
+
+def completed(netns, job: str, out, diagnose) -> None:
+    final = netns.wait_job(job, lambda j: j["JobState"] in DONE, 240, "to finish", diagnose)
+    assert final["JobState"] == "COMPLETED", f"{final.get('JobState')} {final.get('ExitCode')}\n{tail(out)}"
+
+
+def test_node_crash_is_noticed_at_once_and_the_job_resumes_bitwise_on_the_spare(
+    netns, multinode_reference, tmp_path
+):
+    reference = multinode_reference.result()
+    job, run_dir, out = submit(netns, tmp_path, "crash", "--nodes=2")
+    diagnose = lambda: tail(out)  # noqa: E731
+    nodes = running_on(netns, job, diagnose, timeout=60)
+    wait_training(netns, run_dir, out)
+
+    victim = nodes[1]  # node rank 1; node 0 hosts the batch script, which logs the decision
+    crashed = netns.crash(victim)
+    record_fault(run_dir, crashed, "kill", "kill:node=1", scope="node", node=1, host=victim)
+
+    seen = netns.wait_for(
+        lambda: supervisor(run_dir, "failure_detected", kind="node_lost"),
+        30,
+        "node 0 to notice",
+        diagnose=diagnose,
+    )[0]
+    timing("node crash -> survivor detects", seen["detected_at"] - crashed)
+    assert (seen["node"], seen["lost_node"], seen["lost_host"], seen["how"]) == (0, 1, victim, "closed"), seen
+    assert seen["detected_at"] - crashed < DETECT_CRASH_S
+    end = netns.wait_for(lambda: supervisor(run_dir, "supervisor_end", node=0), 30, "node 0 to stop")[0]
+    timing("node crash -> survivor stopped for a requeue", end["time"] - crashed)
+    assert (end["outcome"], end["exit_code"], end["attempt"]) == ("node_lost", 77, 0), end
+    assert supervisor(run_dir, "restart") == [], "the survivor restarted in place, waiting for a lost node"
+
+    again = running_on(netns, job, diagnose, restarts=1)
+    timing("node crash -> job running again (SLURM declares the node down, requeues)", time.time() - crashed)
+    assert victim not in again and len(again) == 2, f"requeued onto {again}, not the spare"
+    completed(netns, job, out, diagnose)
+
+    log = out.read_text()
+    # Then SLURM declares the node down and requeues the job itself, or the script does (whichever first).
+    assert "launcher exited with 77" in log, tail(out)
+    assert "another node of the job was lost" in log or "SLURM is already requeueing" in log, tail(out)
+    assert_bitwise(run_dir, reference)
+    assert_job_wide_attempts(run_dir, {0: 2, 1: 2})
+    hosts = {e["host"] for e in supervisor(run_dir, "attempt_start", attempt=1)}
+    assert hosts == set(again), hosts
+
+    [incident] = incidents(RunLog.load(run_dir))
+    assert incident.kind == "kill" and incident.mttr_s is not None, incident
+    assert all(v is not None for v in incident.phases_s.values()), incident.phases_s
+    assert incident.phases_s["detect"] < DETECT_CRASH_S
+    for phase, seconds in incident.phases_s.items():
+        timing(f"node crash MTTR phase {phase}", seconds)
+    timing("node crash MTTR (fault -> first new step)", incident.mttr_s)
+
+
+def test_partition_is_detected_on_both_sides_and_the_job_resumes_on_fewer_nodes(
+    netns, multinode_reference, tmp_path
+):
+    reference = multinode_reference.result()
+    # No spare: once the cut-off node is declared down, the job is told to go on with one node.
+    netns.run("scontrol", "update", "NodeName=n3", "State=DRAIN", "Reason=truestep-test-no-spare")
+    job, run_dir, out = submit(netns, tmp_path, "partition", "--nodes=2")
+    diagnose = lambda: tail(out)  # noqa: E731
+    nodes = running_on(netns, job, diagnose, timeout=60)
+    assert len(nodes) == 2, nodes
+    wait_training(netns, run_dir, out)
+
+    victim = nodes[1]
+    cut = netns.partition(victim)  # link down: no RST, packets vanish
+    record_fault(run_dir, cut, "partition", "partition:node=1", scope="node", node=1, host=victim)
+
+    def both_sides() -> list[dict]:
+        found = {e["node"]: e for e in supervisor(run_dir, "failure_detected")}
+        return list(found.values()) if len(found) == 2 else []
+
+    seen = netns.wait_for(both_sides, 60, "both sides to detect the partition", diagnose=diagnose)
+    for side in seen:
+        timing(f"partition -> node {side['node']} ({side['host']}) detects", side["detected_at"] - cut)
+        assert side["kind"] == "node_lost" and side["how"] == "silent", side
+        assert side["lost_node"] == 1 - side["node"], side
+        assert side["detected_at"] - cut < DEFAULTS.hang_timeout_s, side
+    ends = netns.wait_for(lambda: len(supervisor(run_dir, "supervisor_end")) == 2, 30, "both sides to stop")
+    assert ends and all(
+        (e["outcome"], e["exit_code"]) == ("node_lost", 77) for e in supervisor(run_dir, "supervisor_end")
+    )
+
+    netns.wait_job(
+        job, lambda j: int(j["Restarts"]) >= 1, 120, "requeued (the cut-off node declared down)", diagnose
+    )
+    timing("partition -> job requeued", time.time() - cut)
+    netns.run("scontrol", "update", f"JobId={job}", "NumNodes=1", "NumTasks=1")  # what a user would do
+    again = running_on(netns, job, diagnose, restarts=1)
+    timing("partition -> job running again on fewer nodes", time.time() - cut)
+    assert again == [nodes[0]], again
+    moved_on = netns.wait_for(lambda: supervisor(run_dir, "attempt_start", attempt=1), 60, "attempt 1")[0][
+        "time"
+    ]
+    netns.heal(victim)  # the link comes back while the job runs on without that node
+    netns.wait_for(
+        lambda: not netns.processes(victim), 30, f"no truestep process left on {victim}",
+        diagnose=lambda: str(netns.processes(victim)),
+    )  # fmt: skip
+    completed(netns, job, out, diagnose)
+
+    # The cut-off side stood aside before the job moved on: nothing of it after that, no stale commit.
+    late = [e for e in events(run_dir) if e.get("host") == victim and e["time"] >= moved_on]
+    stale = [r for r in events(run_dir) + read_jsonl(run_dir / "metrics.jsonl") if r.get("attempt") == 0]
+    assert late == [] and [r for r in stale if r["time"] >= moved_on and r.get("source") != "fault"] == []
+    for marker in (run_dir / "checkpoints").glob("step_*/COMMITTED"):
+        record = json.loads(marker.read_text())
+        assert record.get("incarnation") == 1 or marker.stat().st_mtime < moved_on, (marker, record)
+
+    restore = events(run_dir, "checkpoint_restore", attempt=1)[0]
+    assert restore["layout_changed"] and restore["saved_layout"]["world_size"] == 2, restore
+    assert restore["restored_data_position"] is True
+    got = {m["step"]: m for m in read_jsonl(run_dir / "metrics.jsonl")}  # the last line of each step
+    want = {m["step"]: m for m in read_jsonl(reference / "metrics.jsonl")}
+    assert sorted(got) == sorted(want) == list(range(1, STEPS + 1))
+    for step, line in want.items():  # the data order: the same tokens, and losses within fp32 tolerance
+        assert got[step]["tokens_seen"] == line["tokens_seen"], step
+        assert abs(got[step]["loss"] - line["loss"]) < CROSS_LAYOUT_TOLERANCE, (step, got[step], line)
+    assert_job_wide_attempts(run_dir, {0: 2, 1: 1})
+
+
+def test_preempting_a_multinode_job_stops_every_node_at_one_step_and_resumes_bitwise(
+    netns, multinode_reference, tmp_path
+):
+    reference = multinode_reference.result()
+    # Keep every checkpoint: the stop step's per-rank files are read after the run has finished.
+    job, run_dir, out = submit(netns, tmp_path, "preempt", "--nodes=2", extra=("--checkpoint.keep_last_n=0",))
+    diagnose = lambda: tail(out)  # noqa: E731
+    running_on(netns, job, diagnose, timeout=60)
+    wait_training(netns, run_dir, out)
+
+    netns.run("scontrol", "requeue", job)  # SLURM: SIGTERM to every process of the job, on every node
+    signalled = time.time()
+    running_on(netns, job, diagnose, restarts=1)
+    timing("scontrol requeue of a 2-node job -> running again", time.time() - signalled)
+    completed(netns, job, out, diagnose)
+
+    for node in (0, 1):
+        end = supervisor(run_dir, "supervisor_end", node=node, attempt=0)
+        assert end and (end[0]["outcome"], end[0]["exit_code"]) == ("requeue", 75), end
+        assert supervisor(run_dir, "supervisor_signal", node=node, signal="SIGTERM"), (
+            f"node {node} got no SIGTERM"
+        )
+    [agreed] = events(run_dir, "signal_received", attempt=0)
+    stop = agreed["stop_step"]
+    first = [m["step"] for m in read_jsonl(run_dir / "metrics.jsonl") if m["attempt"] == 0]
+    assert max(first) == stop, "the first attempt went on after the agreed stop step"
+    saves = [e for e in events(run_dir, "checkpoint_save", attempt=0) if e["step"] >= stop]
+    assert [e["step"] for e in saves] == [stop], saves  # one emergency checkpoint, at the stop step
+    assert events(run_dir, "checkpoint_commit", attempt=0, step=stop)
+    ckpt = run_dir / "checkpoints" / f"step_{stop:08d}"
+    for rank in (0, 1):  # both nodes' ranks saved their state at that same step
+        state = json.loads((ckpt / f"rank{rank:05d}.json").read_text())
+        assert state["train_state"]["step"] == stop and state["loader"]["next_batch"] == stop, state
+    assert events(run_dir, "checkpoint_restore", attempt=1)[0]["step"] == stop
+    assert_bitwise(run_dir, reference)
+    assert_job_wide_attempts(run_dir, {0: 2, 1: 2})
