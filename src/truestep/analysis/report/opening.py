@@ -1,142 +1,112 @@
-"""The verdicts: one run's in a word or phrase (`run_verdict`), the whole experiment's as the report's
-opening paragraph (`verdict_paragraph`)."""
+"""The report's opening paragraph: the experiment's verdict (decided by analysis/verdict.py, only worded
+here) and, per group, the floor, the faulted runs and the ablation cells in a few sentences."""
 
 from __future__ import annotations
 
-from typing import Any
-
+from truestep.analysis.floor import LOSS, FloorModel
 from truestep.analysis.report.format import fmt_dev, fmt_rate, fmt_seconds, fmt_step, plural
+from truestep.analysis.summary import ExperimentSummary, GroupSummary, RunAnalysis
+from truestep.analysis.verdict import Status
 
 
-def run_verdict(analysis: dict[str, Any]) -> str:
-    """One word or phrase: 'bitwise', 'within floor', 'VIOLATED at step N', 'INCOMPLETE from step N'
-    (steps missing), or 'no reference'."""
-    fid = analysis.get("fidelity")
-    if fid is None:
-        return "no reference"
-    violation = analysis.get("first_violation_step")
-    if fid.get("first_divergent_step") is None and not fid.get("missing_steps"):
-        return "bitwise"
-    if analysis.get("preserving", violation is None):
-        return "within floor"
-    if violation is not None and violation in (fid.get("missing_steps") or []):
-        return f"INCOMPLETE from step {violation}"
-    return f"VIOLATED at step {violation}"
-
-
-def digest_text(fid: dict[str, Any]) -> str:
-    matches = fid.get("digest_matches") or {}
-    final = fid.get("final_digest_equal")
-    parts = []
-    if matches:
-        bad = sorted((int(s) for s, ok in matches.items() if not ok))
-        text = f"checkpoint digests {len(matches) - len(bad)}/{len(matches)} equal"
-        if bad:
-            text += f" (differ at step {', '.join(map(str, bad))})"
-        parts.append(text)
-    parts.append({True: "final digest equal", False: "final digest DIFFERS", None: "final digest n/a"}[final])
-    return ", ".join(parts)
-
-
-def mean_mttr(analysis: dict[str, Any]) -> float | None:
-    values = [i["mttr_s"] for i in analysis.get("mttr") or [] if i.get("mttr_s") is not None]
-    return sum(values) / len(values) if values else None
-
-
-def verdict_paragraph(summary: dict[str, Any]) -> str:
-    runs = summary.get("runs", {})
-    floor = summary.get("floor") or {}
-    margin = summary.get("margin", 2.0)
-    faulted = runs.get("faulted")
-    cells = summary.get("ablation") or []
-    all_on_flagged = [c for c in cells if c["row"] == "all-on" and c.get("flagged")]
-    if (faulted and not faulted.get("preserving", True)) or all_on_flagged:
-        head = "**FAIL.**"
-    elif faulted or any(c["row"] == "all-on" for c in cells):
-        head = "**PASS.**"
-    else:
-        head = "**NO FAULTED RUN.**"
-    parts = [head]
-    if floor.get("bitwise"):
-        parts.append(
-            "The same-seed repeat was bitwise identical to the reference, so a run is correct only while "
-            "it stays bitwise equal to the reference."
+def floor_sentence(floor: FloorModel) -> str:
+    k = len(floor.repeats)
+    if not k:
+        return "No floor was measured: exact equality with the reference is assumed."
+    repeats = plural(k, "same-seed repeat")
+    if floor.bitwise:
+        return (
+            f"The {repeats} {'was' if k == 1 else 'were'} bitwise identical to the reference (losses, grad "
+            "norms and parameters), so a run is correct only while it stays bitwise equal to the reference."
         )
-    elif floor:
-        parts.append(
-            f"The same-seed repeat differed from the reference by up to {fmt_dev(floor.get('max_dloss'))} "
-            f"in loss and {fmt_dev(floor.get('max_dgrad_norm'))} in grad norm; a run counts as correct while "
-            f"it stays within {margin:g} × that floor."
-        )
-    if faulted:
-        fid = faulted.get("fidelity") or {}
-        kinds = sorted({str(i.get("kind")) for i in faulted.get("mttr") or []}) or sorted(
-            {str(s).split(":")[0] for s in faulted.get("faults") or []}
-        )
-        what = f"after {plural(len(faulted.get('faults') or []), 'injected fault')}"
-        if kinds:
-            what += f" ({', '.join(kinds)})"
-        what += f" and {plural(int(faulted.get('restarts') or 0), 'resume')}"
-        steps = fid.get("steps_compared", 0)
-        verdict = run_verdict(faulted)
-        if verdict == "bitwise":
-            text = f"**Recovery was correct:** {what}, the faulted run was bitwise equal to the reference on all {steps} steps"
-        elif verdict == "within floor":
-            text = (
-                f"**Recovery was correct within the floor:** {what}, the faulted run stayed within {margin:g} × "
-                f"floor on all {steps} steps (first bitwise difference at step {fmt_step(fid.get('first_divergent_step'))})"
-            )
-        else:
-            text = (
-                f"**Recovery was NOT correct:** {what}, the faulted run left the floor band at step "
-                f"{fmt_step(faulted.get('first_violation_step'))} (first bitwise difference at step "
-                f"{fmt_step(fid.get('first_divergent_step'))})"
-            )
-        final = fid.get("final_digest_equal")
-        if final is True:
-            text += " and ended on the reference's exact parameters (final digest equal)"
-        elif final is False:
-            text += "; its final parameter digest differs from the reference's"
-        text += "."
-        parts.append(text)
-        gp = faulted.get("goodput") or {}
-        ref_gp = (runs.get("reference") or {}).get("goodput") or {}
+    loss = floor.families[LOSS]
+    calibration = (
+        f"calibrated by leave-one-out over the {k} repeats"
+        if loss.calibrated
+        else "uncalibrated with one repeat"
+    )
+    return (
+        f"The {repeats} differed from the reference by up to {fmt_dev(floor.max_dloss)} in loss and "
+        f"{fmt_dev(floor.max_dgrad_norm)} in grad norm; a run counts as correct while every observable stays "
+        f"within its threshold × the repeats' per-step envelope (loss threshold {loss.tau:.3g}, {calibration})."
+    )
+
+
+def faulted_sentence(run: RunAnalysis) -> str:
+    assert run.comparison is not None
+    c, v = run.comparison, run.verdict
+    kinds = sorted({i.kind for i in run.incidents}) or sorted({f.split(":")[0] for f in run.faults})
+    what = f"after {plural(len(run.faults), 'injected fault')}"
+    what += f" ({', '.join(kinds)})" if kinds else ""
+    what += f" and {plural(run.resumes, 'resume')}"
+    if v.status is Status.BITWISE:
+        text = f"**Recovery was correct:** {what}, `{run.name}` was bitwise equal to the reference on all {c.steps_compared} steps, parameters included"
+    elif v.status is Status.WITHIN_FLOOR:
         text = (
-            f"It delivered {fmt_rate(gp.get('correct_tokens_per_s'))} of correct goodput "
-            f"(plain {fmt_rate(gp.get('plain_tokens_per_s'))}"
+            f"**Recovery was correct within the floor:** {what}, `{run.name}` stayed within the floor on all "
+            f"{c.steps_compared} steps (first bitwise difference at step {fmt_step(c.first_divergent_step)})"
         )
-        if ref_gp.get("plain_tokens_per_s"):
-            text += f"; the failure-free reference ran at {fmt_rate(ref_gp['plain_tokens_per_s'])}"
-        text += ")"
-        mttr = mean_mttr(faulted)
-        if mttr is not None:
-            text += f", with a mean time to recovery of {fmt_seconds(mttr)}"
-        parts.append(text + ".")
     else:
-        parts.append("No faulted run was part of this experiment.")
-    if cells:
-        flagged = [c for c in cells if c.get("flagged")]
-        text = (
-            f"Of {len(cells)} ablation cells, {len(flagged)} {'was' if len(flagged) == 1 else 'were'} flagged"
+        text = f"**Recovery was NOT correct:** {what}, `{run.name}` is {v.label} (first bitwise difference at step {fmt_step(c.first_divergent_step)})"
+    if c.unverifiable_steps:
+        text += (
+            f"; {plural(len(c.unverifiable_steps), 'step')} past the reference's end could not be verified"
         )
-        if flagged:
-            text += ": " + ", ".join(
-                f"{c['row']}/{c['mode']} (step {fmt_step(c.get('first_violation_step'))})" for c in flagged
-            )
-        parts.append(text + ".")
-        if all_on_flagged:
-            parts.append(
-                "**With every mechanism on, "
-                + " and ".join(f"the {c['mode']} cell" for c in all_on_flagged)
-                + " was flagged:** recovery is broken even with nothing switched off."
-            )
-        elif any(c["row"] == "all-on" for c in cells):
-            parts.append("The all-on cells stayed correct.")
-        quiet = [c for c in cells if c["row"] != "all-on" and not c.get("flagged")]
-        if quiet:
-            parts.append(
-                "Not flagged although a mechanism was off (the switch had no observable effect in that cell): "
-                + ", ".join(f"{c['row']}/{c['mode']}" for c in quiet)
-                + "."
-            )
+    gp = run.goodput
+    text += (
+        f". It delivered {fmt_rate(gp.correct_tokens_per_s)} of correct goodput (plain "
+        f"{fmt_rate(gp.plain_tokens_per_s)})"
+    )
+    if run.mean_mttr_s is not None:
+        text += f", with a mean time to recovery of {fmt_seconds(run.mean_mttr_s)}"
+    return text + "."
+
+
+def ablation_sentences(group: GroupSummary) -> list[str]:
+    cells = group.cells
+    if not cells:
+        return []
+    flagged = [c for c in cells if c.flagged]
+    text = f"Of {len(cells)} ablation cells, {len(flagged)} {'was' if len(flagged) == 1 else 'were'} flagged"
+    if flagged:
+        text += ": " + ", ".join(f"{c.row}/{c.mode} ({c.verdict.label})" for c in flagged)
+    parts = [text + "."]
+    all_on = [c for c in cells if c.row == "all-on"]
+    broken = [c for c in all_on if c.flagged]
+    if broken:
+        parts.append(
+            "**With every mechanism on, "
+            + " and ".join(f"the {c.mode} cell" for c in broken)
+            + " was flagged:** recovery is broken even with nothing switched off."
+        )
+    elif all_on:
+        parts.append("The all-on cells stayed correct.")
+    quiet = [c for c in cells if c.row != "all-on" and not c.flagged]
+    if quiet:
+        parts.append(
+            "Not flagged although a mechanism was off (the switch had no observable effect in that cell): "
+            + ", ".join(f"{c.row}/{c.mode}" for c in quiet)
+            + "."
+        )
+    return parts
+
+
+def group_sentences(group: GroupSummary) -> list[str]:
+    parts = [floor_sentence(group.floor)]
+    faulted = [r for r in group.runs.values() if r.role == "faulted"]
+    parts += [faulted_sentence(r) for r in faulted]
+    if not faulted and not group.cells:
+        parts.append("No faulted run was part of this group.")
+    return parts + ablation_sentences(group)
+
+
+def verdict_paragraph(summary: ExperimentSummary) -> str:
+    parts = [f"**{summary.verdict.head}.**"]
+    if summary.verdict.failures:
+        parts.append("Failing: " + "; ".join(summary.verdict.failures) + ".")
+    main, *others = summary.groups
+    parts += group_sentences(main)
+    for group in others:
+        parts.append(f"**{group.name.capitalize()} ({group.note}):** {group.verdict.head}.")
+        parts += group_sentences(group)
     return " ".join(parts)
