@@ -215,3 +215,15 @@ def test_a_nan_rollback_after_the_relaunch_is_not_its_restore(tmp_path: Path) ->
     (run.path / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
     [inc] = incidents(RunLog.load(run.path))
     assert inc.phases_s["restore"] == pytest.approx(1.4) and inc.mttr_s == pytest.approx(4.0)
+
+
+@pytest.mark.parametrize(
+    "spec",
+    ["crash-in-save:phase=mid-shards:from=13:rank=0", "term:time=2.5:restart=1", "kill:rank=1:step=12"],
+)
+def test_the_logged_fault_spec_is_re_runnable(spec: str) -> None:
+    """The spec logged with fault_injected (FaultSpec.describe) parses back to the same fault."""
+    from truestep.faults.spec import parse_fault
+
+    logged = parse_fault(spec).describe()
+    assert logged == spec and parse_fault(logged) == parse_fault(spec)

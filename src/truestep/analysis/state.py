@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from truestep.checkpoint.catalog import committed_dirs, step_of
 from truestep.core.names import CHECKPOINTS_DIR
@@ -75,6 +75,31 @@ def _batches(meta: dict[str, TensorMeta]) -> list[dict[str, TensorMeta]]:
     return batches
 
 
+class _ReferenceCache:
+    """The reference's tensors, kept while they fit in BATCH_BYTES: every run of an experiment is compared
+    with the same reference checkpoints, and reading a checkpoint costs far more than holding a small one."""
+
+    def __init__(self) -> None:
+        self.held: dict[tuple[Path, int, tuple[str, ...]], dict[str, Any]] = {}
+        self.nbytes = 0
+
+    def read(self, ckpt: Path, batch: dict[str, TensorMeta]) -> dict[str, Any]:
+        from truestep.checkpoint.state_reader import read_tensors
+
+        key = (ckpt.resolve(), ckpt.stat().st_mtime_ns, tuple(batch))
+        if key in self.held:
+            return self.held[key]
+        tensors = read_tensors(ckpt, batch)
+        size = sum(m.nbytes for m in batch.values())
+        if self.nbytes + size <= BATCH_BYTES:
+            self.held[key] = tensors
+            self.nbytes += size
+        return tensors
+
+
+_REFERENCE = _ReferenceCache()
+
+
 def distance_at(run_ckpt: Path, ref_ckpt: Path, step: int) -> StateDistance:
     """Distances between two checkpoints of one step, tensor by tensor (float64 arithmetic)."""
     from truestep.checkpoint.state_reader import read_tensors, stored_tensors
@@ -89,7 +114,7 @@ def distance_at(run_ckpt: Path, ref_ckpt: Path, step: int) -> StateDistance:
             tensors[f"{kind}:{name}"] = math.inf
             squares[kind] = math.inf
     for batch in _batches(common):
-        ours, theirs = read_tensors(run_ckpt, batch), read_tensors(ref_ckpt, batch)
+        ours, theirs = read_tensors(run_ckpt, batch), _REFERENCE.read(ref_ckpt, batch)
         for key in batch:
             kind, name = kind_of(key)
             d = float((ours[key].double() - theirs[key].double()).norm())

@@ -80,13 +80,16 @@ def analyze_run(
     floor: FloorModel | None,
     role: str = "run",
     read_state: bool = True,
+    comparison: Comparison | None = None,
 ) -> RunAnalysis:
-    """One run against its reference and floor (without a reference: goodput and MTTR only)."""
-    comparison, verdict = None, UNCHECKED
+    """One run against its reference and floor (without a reference: goodput and MTTR only).
+    `comparison`: the run's comparison with `ref` when already made (a floor repeat's)."""
+    verdict = UNCHECKED
     if ref is not None:
         floor = floor or measure_floor(ref, [], read_state=read_state)
-        state = distances(run.path, ref.path, floor.state_steps) if read_state and floor.state_steps else []
-        comparison = compare(run, ref, state)
+        if comparison is None:
+            steps = floor.state_steps if read_state else []
+            comparison = compare(run, ref, distances(run.path, ref.path, steps) if steps else [])
         verdict = judge(comparison, floor)
     unverifiable = set(comparison.unverifiable_steps) if comparison else set()
     return RunAnalysis(
@@ -118,8 +121,8 @@ def analyze_group(
     cells as (row, mode, run name) naming runs of `others`."""
     floor = measure_floor(ref, list(floors.values()), margin, read_state)
     runs = {ref_name: analyze_run(ref_name, ref, None, None, "reference")}
-    for floor_name, log in floors.items():
-        runs[floor_name] = analyze_run(floor_name, log, ref, floor, "floor", read_state)
+    for (floor_name, log), made in zip(floors.items(), floor.comparisons, strict=True):
+        runs[floor_name] = analyze_run(floor_name, log, ref, floor, "floor", read_state, made)
     for run_name, (role, log) in others.items():
         runs[run_name] = analyze_run(run_name, log, ref, floor, role, read_state)
     judged = [CellVerdict(row, mode, run, runs[run].verdict) for row, mode, run in cells]

@@ -153,7 +153,7 @@ def demo_main(argv: list[str]) -> int:
         "demo",
         noisy,
         1,
-        ["kill:rank=0:step=12"],
+        [],
         True,
         ablation_rows=["all-on", "optimizer-restore-off"],
         ablation_modes=["hard"],

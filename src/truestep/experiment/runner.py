@@ -14,6 +14,9 @@ from pathlib import Path
 from truestep.config.load import load_config
 from truestep.core.names import ENV_FAULTS, ENV_JOB_START, METRICS_FILE
 
+GROUP_NOTES = "groups"
+"""experiment.json key: group name -> the note the report shows for it."""
+
 
 @dataclass
 class JobSpec:
@@ -67,7 +70,7 @@ def run_plan(
     shows it)."""
     out.mkdir(parents=True, exist_ok=True)
     (out / "logs").mkdir(exist_ok=True)
-    plan = {"jobs": [asdict(j) for j in jobs], "groups": dict(notes or {})}
+    plan = {"jobs": [asdict(j) for j in jobs], GROUP_NOTES: dict(notes or {})}
     (out / "experiment.json").write_text(json.dumps(plan, indent=1))
     for index, job in enumerate(jobs, 1):
         run_dir = out / "runs" / job.name

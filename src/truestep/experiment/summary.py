@@ -14,9 +14,7 @@ from truestep.analysis.fidelity import DEFAULT_MARGIN
 from truestep.analysis.runlog import RunLog, RunLogError
 from truestep.analysis.summary import ExperimentSummary, analyze_group, summarize_groups, to_json
 from truestep.core.fsio import atomic_write
-
-NOTES_FILE = "groups"
-"""experiment.json key: group name -> the note the report shows for it."""
+from truestep.experiment.runner import GROUP_NOTES
 
 
 def _jobs(out: Path) -> tuple[list[dict[str, Any]], dict[str, str]]:
@@ -25,7 +23,7 @@ def _jobs(out: Path) -> tuple[list[dict[str, Any]], dict[str, str]]:
         jobs = plan["jobs"]
     except (OSError, ValueError, KeyError, TypeError) as err:
         raise RunLogError(f"{out} is not an experiment directory (experiment.json: {err})") from err
-    return jobs, dict(plan.get(NOTES_FILE) or {})
+    return jobs, dict(plan.get(GROUP_NOTES) or {})
 
 
 def summarize(out: Path, margin: float = DEFAULT_MARGIN, read_state: bool = True) -> ExperimentSummary:
