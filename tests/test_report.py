@@ -23,7 +23,7 @@ from truestep.analysis.fidelity import compare  # noqa: E402
 from truestep.analysis.floor import measure_floor  # noqa: E402
 from truestep.analysis.goodput import goodput  # noqa: E402
 from truestep.analysis.report import fmt_rate, fmt_seconds, render_run_text, write_report  # noqa: E402
-from truestep.analysis.runlog import RunLog  # noqa: E402
+from truestep.analysis.runlog import RunLog, RunLogError  # noqa: E402
 from truestep.analysis.verdict import judge  # noqa: E402
 from truestep.experiment.summary import summarize  # noqa: E402
 
@@ -379,3 +379,17 @@ def test_plots_edge_cases(tmp_path: Path) -> None:
     assert out.read_bytes()[:8] == PNG_MAGIC
     gp = goodput(short_log, None)
     assert plots.plot_timeline(gp, [], tmp_path / "tl.png", "short").stat().st_size > 1000
+
+
+def test_an_experiment_written_before_roles_and_a_name_that_escapes(tmp_path: Path) -> None:
+    """experiment.json names only the jobs (the format before roles): roles come from the names. A job
+    name that is a path is refused before anything is read."""
+    make_experiment(tmp_path)
+    (tmp_path / "experiment.json").write_text(json.dumps({"jobs": [{"name": n} for n in ROLES]}))
+    summary = summarize(tmp_path)
+    assert [c.row for c in summary.groups[0].cells] == ["all-on", "rng-restore-off"]
+    (tmp_path / "experiment.json").write_text(
+        json.dumps({"jobs": [{"name": "../../etc", "role": "reference"}]})
+    )
+    with pytest.raises(RunLogError, match="not a plain directory name"):
+        summarize(tmp_path)

@@ -14,13 +14,29 @@ from truestep.analysis.fidelity import DEFAULT_MARGIN
 from truestep.analysis.runlog import RunLog, RunLogError
 from truestep.analysis.summary import ExperimentSummary, analyze_group, summarize_groups, to_json
 from truestep.core.fsio import atomic_write
+from truestep.experiment.plan import ABLATION_MODES, ABLATION_ROWS
 from truestep.experiment.runner import GROUP_NOTES
+
+
+def _with_role(job: dict[str, Any]) -> dict[str, Any]:
+    """A job of an experiment.json written before jobs carried their role: inferred from its name."""
+    name = job["name"]
+    if not isinstance(name, str) or name in ("", ".", "..") or Path(name).name != name:
+        raise ValueError(f"job name {name!r} is not a plain directory name under runs/")
+    if "role" in job:
+        return job
+    for row in ABLATION_ROWS:
+        for mode in ABLATION_MODES:
+            if name == f"ablation-{row}-{mode}":
+                return {**job, "role": "ablation", "row": row, "mode": mode}
+    role = next((r for r in ("reference", "floor", "faulted") if name.startswith(r)), "run")
+    return {**job, "role": role}
 
 
 def _jobs(out: Path) -> tuple[list[dict[str, Any]], dict[str, str]]:
     try:
         plan = json.loads((out / "experiment.json").read_text())
-        jobs = plan["jobs"]
+        jobs = [_with_role(job) for job in plan["jobs"]]
     except (OSError, ValueError, KeyError, TypeError) as err:
         raise RunLogError(f"{out} is not an experiment directory (experiment.json: {err})") from err
     return jobs, dict(plan.get(GROUP_NOTES) or {})
