@@ -49,6 +49,7 @@ NOT_THE_OWNED_NAME = {
     ("checkpoint/inspect.py", "train_state"): "a key of `ckpt inspect --json` output",
     ("checkpoint/inspect.py", "config_keys"): "a key of `ckpt inspect --json` output",
     ("checkpoint/inspect.py", "config_fingerprint"): "a key of `ckpt inspect --json` output",
+    ("analysis/runlog.py", "config_fingerprint"): "a field of the run_start event (train/trainer.py)",
 }
 
 

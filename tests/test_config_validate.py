@@ -48,6 +48,9 @@ def test_seq_len_exceeds_max_seq_len():
         ("--schedule.kind=linear", "schedule.kind"),
         ("--parallel.backend=mpi", "parallel.backend"),
         ("--schedule.warmup_steps=51", "train.max_steps=50"),
+        ("--train.emulate_nondeterminism=-1e-3", "train.emulate_nondeterminism must be a relative scale"),
+        ("--train.emulate_nondeterminism=nan", "train.emulate_nondeterminism must be a relative scale"),
+        ("--train.emulate_restore_error=0.5", "train.emulate_restore_error must be a relative scale"),
     ],
 )
 def test_world_independent_rules(override, message):
@@ -167,6 +170,9 @@ def test_fingerprint_is_stable():
         "--train.max_steps=60",
         "--optim.lr=0.002",
         "--schedule.kind=constant",
+        # With dropout (or plain fp32 accumulation order) the micro-batch shapes the trajectory.
+        "--train.micro_batch_size=2",
+        "--train.emulate_nondeterminism=1e-3",
     ],
 )
 def test_fingerprint_changes_with_trajectory_keys(override):
@@ -182,7 +188,7 @@ def test_fingerprint_changes_with_trajectory_keys(override):
         "--checkpoint.interval=3",
         "--train.stop_at_step=5",
         "--metrics.log_every=10",
-        "--train.micro_batch_size=2",
+        "--train.emulate_restore_error=1e-3",
     ],
 )
 def test_fingerprint_ignores_layout_and_bookkeeping(override):

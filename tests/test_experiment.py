@@ -20,16 +20,22 @@ def test_experiment_with_two_faults_is_bitwise_and_reported(tmp_path: Path) -> N
     cmd = [sys.executable, "-m", "truestep", "experiment", "demo", f"--out={out}", "--nproc=2"]
     cmd += ["--fault=kill:rank=1:step=12", "--fault=term:step=22:restart=1", "--train.max_steps=26"]
     cmd += standby_overrides()
-    proc = subprocess.run(cmd, env=truestep_env(), capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        cmd + ["--repeats=1"], env=truestep_env(), capture_output=True, text=True, timeout=600
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    summary = json.loads((out / "summary.json").read_text())
-    assert summary["floor"] == {"max_dloss": 0.0, "max_dgrad_norm": 0.0, "bitwise": True}
-    faulted = summary["runs"]["faulted"]
-    assert faulted["preserving"] and faulted["fidelity"]["fraction_bitwise_equal"] == 1.0
-    assert [i["kind"] for i in faulted["mttr"]] == ["kill", "term"]
-    assert all(i["mttr_s"] is not None and i["mttr_s"] > 0 for i in faulted["mttr"])
+    [group] = json.loads((out / "summary.json").read_text())["groups"]
+    assert group["floor"]["bitwise"] and group["floor"]["repeats"] == [str(out / "runs" / "floor-1")]
+    faulted = group["runs"]["faulted"]
+    assert faulted["verdict"]["label"] == "bitwise" and faulted["comparison"]["fraction_bitwise_equal"] == 1.0
+    # Parameters and optimizer moments were compared at every checkpoint both runs kept: all exactly 0.
+    state = faulted["comparison"]["state"]
+    assert state and all(v == 0.0 for d in state for v in d["totals"].values())
+    assert [i["kind"] for i in faulted["incidents"]] == ["kill", "term"]
+    assert all(i["mttr_s"] is not None and i["mttr_s"] > 0 for i in faulted["incidents"])
     assert faulted["goodput"]["badput_s"]["lost_work"] > 0  # the kill cost recomputed steps
     assert faulted["goodput"]["correct_tokens_per_s"] == faulted["goodput"]["plain_tokens_per_s"]
+    assert "PASS" in proc.stdout
     for name in ("report.md", "report.html"):
         assert (out / name).stat().st_size > 0
 
@@ -38,12 +44,12 @@ def test_reduced_ablation_flags_every_disabled_mechanism(tmp_path: Path) -> None
     """Hard kills on a single process: every disabled mechanism is flagged, all-on is not."""
     overrides = ["--train.max_steps=20", *standby_overrides()]
     jobs = plan_jobs(
-        "demo", overrides, 1, [], ablation=True, ablation_modes=["hard"], fault_step=13, interval=5
+        "demo", overrides, 1, [], ablation=True, ablation_modes=["hard"], fault_step=13, interval=5, repeats=1
     )
     run_plan(tmp_path, jobs, progress=False)
     summary = summarize(tmp_path)
-    cells = {c["row"]: c for c in summary["ablation"]}
-    assert not cells["all-on"]["flagged"] and cells["all-on"]["first_divergent_step"] is None
+    cells = {c.row: c for c in summary.groups[0].cells}
+    assert not cells["all-on"].flagged and cells["all-on"].verdict.first_divergent_step is None
     # Relative to the step the cell resumed from (an async save may still be in flight at the kill):
     # fresh AdamW moments first change the weights in the first resumed update, so the loss after it
     # differs; dropout masks, batches and (atomic-commit-off: torn save, counters restored, weights
@@ -57,6 +63,7 @@ def test_reduced_ablation_flags_every_disabled_mechanism(tmp_path: Path) -> None
     for row, offset in expected_after_resume.items():
         run = RunLog.load(tmp_path / "runs" / f"ablation-{row}-hard")
         resumed_at = run.named("checkpoint_restore")[0]["step"]
-        assert cells[row]["flagged"], row
-        assert cells[row]["first_divergent_step"] == resumed_at + offset, (row, resumed_at, cells[row])
-        assert cells[row]["correct_tokens_per_s"] < cells[row]["plain_tokens_per_s"], row
+        gp = summary.groups[0].runs[cells[row].run].goodput
+        assert cells[row].flagged, row
+        assert cells[row].verdict.first_divergent_step == resumed_at + offset, (row, resumed_at, cells[row])
+        assert gp.correct_tokens_per_s < gp.plain_tokens_per_s, row

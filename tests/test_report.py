@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import math
 import re
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -16,8 +18,13 @@ import pytest
 
 pytest.importorskip("matplotlib")
 
-from truestep.analysis.report import fmt_rate, fmt_seconds, render_run_text, run_verdict, write_report  # noqa: E402
-from truestep.analysis.runlog import RunLog  # noqa: E402
+from harness import truestep_env  # noqa: E402
+from truestep.analysis.fidelity import compare  # noqa: E402
+from truestep.analysis.floor import measure_floor  # noqa: E402
+from truestep.analysis.goodput import goodput  # noqa: E402
+from truestep.analysis.report import fmt_rate, fmt_seconds, render_run_text, write_report  # noqa: E402
+from truestep.analysis.runlog import RunLog, RunLogError  # noqa: E402
+from truestep.analysis.verdict import judge  # noqa: E402
 from truestep.experiment.summary import summarize  # noqa: E402
 
 T0 = 1000.0
@@ -52,10 +59,10 @@ class RunWriter:
         self.events.append({"time": self.now, "attempt": attempt, "event": event, **fields})
 
     def launch(self, attempt: int, startup: float = 1.0) -> None:
-        self.sup("attempt_start", restart=attempt, pids=[1234 + attempt], master_port=29500)
+        self.sup("attempt_start", attempt=attempt, pids=[1234 + attempt], master_port=29500)
         began = self.now
         self.now += startup / 2
-        self.ev(attempt, "run_start", process_start=began, start_step=0)
+        self.ev(attempt, "run_start", process_start=began, start_step=0, config_fingerprint="f00d")
         self.now = began + startup
 
     def steps(self, attempt: int, first: int, last: int, perturb: dict[int, float] | None = None) -> None:
@@ -98,12 +105,12 @@ class RunWriter:
         return run_dir
 
 
-def clean_run(perturb: dict[int, float] | None = None) -> RunWriter:
+def clean_run(perturb: dict[int, float] | None = None, digest: str = "digest-final") -> RunWriter:
     w = RunWriter()
     w.sup("supervisor_start", nproc=1, nnodes=1, max_restarts=3)
     w.launch(0)
     w.steps(0, 1, STEPS, perturb)
-    w.end(0)
+    w.end(0, digest)
     return w
 
 
@@ -131,6 +138,7 @@ def faulted_run(
             "point": "after_step",
             "step": 6,
             "rank": 0,
+            "attempt": 0,
             "spec": "kill:rank=0:step=6",
         }
     )
@@ -148,9 +156,9 @@ def faulted_run(
     w.sup("restart", restart=1, after="failed")
     w.now += RELAUNCH_S
     relaunch = w.now
-    w.sup("attempt_start", restart=1, pids=[2000], master_port=29501)
+    w.sup("attempt_start", attempt=1, pids=[2000], master_port=29501)
     w.now += STARTUP_S / 2
-    w.ev(1, "run_start", process_start=relaunch, start_step=0)
+    w.ev(1, "run_start", process_start=relaunch, start_step=0, config_fingerprint="f00d")
     w.now = relaunch + STARTUP_S - RESTORE_S
     w.now += RESTORE_S
     w.ev(1, "checkpoint_restore", path="ckpt/step_5", restore_s=RESTORE_S, step=SAVE_AT, layout_changed=False)
@@ -172,18 +180,36 @@ def faulted_run(
     return w, expected
 
 
+ROLES = {
+    "reference": {"role": "reference"},
+    "floor": {"role": "floor"},
+    "faulted": {"role": "faulted"},
+    "ablation-all-on-hard": {"role": "ablation", "row": "all-on", "mode": "hard"},
+    "ablation-rng-restore-off-hard": {"role": "ablation", "row": "rng-restore-off", "mode": "hard"},
+}
+
+
 def make_experiment(
-    out: Path, floor_perturb: dict[int, float] | None = None, faulted_perturb: dict[int, float] | None = None
+    out: Path,
+    floor_perturb: dict[int, float] | None = None,
+    faulted_perturb: dict[int, float] | None = None,
+    all_on_perturb: dict[int, float] | None = None,
 ) -> dict:
-    runs: dict[str, RunWriter] = {"reference": clean_run(), "floor": clean_run(floor_perturb)}
-    runs["faulted"], expected = faulted_run(faulted_perturb)
-    runs["ablation-all-on-hard"], _ = faulted_run()
+    floor_digest = "digest-floor" if floor_perturb else "digest-final"
+    runs: dict[str, RunWriter] = {"reference": clean_run(), "floor": clean_run(floor_perturb, floor_digest)}
+    runs["faulted"], expected = faulted_run(
+        faulted_perturb, "digest-x" if faulted_perturb else "digest-final"
+    )
+    runs["ablation-all-on-hard"], _ = faulted_run(
+        all_on_perturb, "digest-y" if all_on_perturb else "digest-final"
+    )
     runs["ablation-rng-restore-off-hard"], _ = faulted_run(
         {s: 1e-3 * (s - 5) for s in range(6, STEPS + 1)}, digest="digest-other"
     )
     for name, w in runs.items():
         w.write(out / "runs" / name)
-    (out / "experiment.json").write_text(json.dumps({"jobs": [{"name": n} for n in runs]}))
+    jobs = [{"name": n, **ROLES[n]} for n in runs]
+    (out / "experiment.json").write_text(json.dumps({"jobs": jobs}))
     return expected
 
 
@@ -194,44 +220,46 @@ def strip_data_uris(text: str) -> str:
 def test_report_on_exact_floor(tmp_path: Path) -> None:
     expected = make_experiment(tmp_path)
     summary = summarize(tmp_path)
-    runs = summary["runs"]
+    [group] = summary.groups
+    runs = group.runs
 
     # The analysis itself, on numbers known by construction.
-    assert summary["floor"] == {"max_dloss": 0.0, "max_dgrad_norm": 0.0, "bitwise": True}
+    assert group.floor.bitwise and group.floor.max_dloss == 0.0 and group.floor.source == "measured"
     faulted = runs["faulted"]
-    assert faulted["preserving"] and faulted["fidelity"]["first_divergent_step"] is None
-    assert faulted["fidelity"]["fraction_bitwise_equal"] == 1.0
-    assert faulted["fidelity"]["final_digest_equal"] is True
-    assert faulted["restarts"] == 1
-    (incident,) = faulted["mttr"]
-    assert incident["kind"] == "kill" and incident["pre_fault_step"] == 6
-    assert incident["mttr_s"] == pytest.approx(expected["mttr_s"])
+    assert faulted.verdict.label == "bitwise" and faulted.comparison.first_divergent_step is None
+    assert faulted.comparison.fraction_bitwise_equal == 1.0
+    assert faulted.comparison.digests[STEPS] is True
+    assert faulted.resumes == 1
+    (incident,) = faulted.incidents
+    assert incident.kind == "kill" and incident.pre_fault_step == 6
+    assert incident.mttr_s == pytest.approx(expected["mttr_s"])
     for phase, value in expected["phases"].items():
-        assert incident["phases_s"][phase] == pytest.approx(value), phase
-    gp = faulted["goodput"]
-    assert gp["badput_s"]["lost_work"] == pytest.approx(STEP_S)
-    assert gp["badput_s"]["detection"] == pytest.approx(DETECT_S)
-    assert gp["badput_s"]["teardown"] == pytest.approx(TEARDOWN_S)
-    assert gp["badput_s"]["restore"] == pytest.approx(RESTORE_S)
-    assert gp["useful_s"] + sum(gp["badput_s"].values()) == pytest.approx(gp["wall_s"])
+        assert incident.phases_s[phase] == pytest.approx(value), phase
+    gp = faulted.goodput
+    assert gp.badput_s["lost_work"] == pytest.approx(STEP_S)
+    assert gp.badput_s["detection"] == pytest.approx(DETECT_S)
+    assert gp.badput_s["teardown"] == pytest.approx(TEARDOWN_S)
+    assert gp.badput_s["restore"] == pytest.approx(RESTORE_S)
+    assert gp.useful_s + sum(gp.badput_s.values()) == pytest.approx(gp.wall_s)
     diverged = runs["ablation-rng-restore-off-hard"]
-    assert diverged["fidelity"]["first_divergent_step"] == 6
-    assert diverged["first_violation_step"] == 6
-    cells = {(c["row"], c["mode"]): c for c in summary["ablation"]}
-    assert cells[("rng-restore-off", "hard")]["flagged"] is True
-    assert cells[("all-on", "hard")]["flagged"] is False
+    assert diverged.comparison.first_divergent_step == 6
+    assert diverged.verdict.label == "VIOLATED at step 6 (loss)"
+    cells = {(c.row, c.mode): c for c in group.cells}
+    assert cells[("rng-restore-off", "hard")].flagged is True
+    assert cells[("all-on", "hard")].flagged is False
+    assert summary.verdict.head == "PASS" and summary.verdict.exit_code == 0
 
-    md_path, html_path = write_report(tmp_path)
+    md_path, html_path = write_report(tmp_path, summary)
     assert (md_path, html_path) == (tmp_path / "report.md", tmp_path / "report.html")
     md = md_path.read_text()
     assert "**PASS.**" in md
     assert "**Recovery was correct:**" in md and "bitwise equal to the reference on all 10 steps" in md
     assert "| `faulted` | 1 | 1 | bitwise |" in md
-    assert "| `ablation-rng-restore-off-hard` | 1 | 1 | VIOLATED at step 6 | 6 | 6 |" in md
-    assert "**FLAGGED** (diverged at 6, violation at 6)" in md
-    assert "rng-restore-off/hard (step 6)" in md
-    assert fmt_seconds(incident["mttr_s"]) in md
-    assert fmt_rate(gp["correct_tokens_per_s"]) in md
+    assert "| `ablation-rng-restore-off-hard` | 1 | 1 | VIOLATED at step 6 (loss) | 6 | 6 |" in md
+    assert "**FLAGGED** (VIOLATED at step 6 (loss))" in md
+    assert "rng-restore-off/hard (VIOLATED at step 6 (loss))" in md
+    assert fmt_seconds(incident.mttr_s) in md
+    assert fmt_rate(gp.correct_tokens_per_s) in md
     assert "## Checkpoint overhead" in md and "## Ablation" in md and "## Floor" in md
 
     # Every image the Markdown links exists and is a real PNG.
@@ -241,9 +269,9 @@ def test_report_on_exact_floor(tmp_path: Path) -> None:
         "loss-faulted.png",
         "deviation-faulted.png",
         "timeline-faulted.png",
-        "deviation-floor.png",
+        "envelope-main.png",
         "deviation-ablation-rng-restore-off-hard.png",
-        "ablation.png",
+        "ablation-main.png",
     ):
         assert name in names, name
     for link in links:
@@ -258,17 +286,18 @@ def test_report_on_exact_floor(tmp_path: Path) -> None:
     assert "<link" not in rest and "<script" not in rest and "url(" not in rest
     sources = re.findall(r'(?:src|href)="([^"]*)"', html)
     assert len(sources) == len(links) and all(src.startswith("data:image/png;base64,") for src in sources)
-    assert "VIOLATED at step 6" in rest and "<table>" in rest
+    assert "VIOLATED at step 6 (loss)" in rest and "<table>" in rest
 
 
 def test_report_on_measured_floor(tmp_path: Path) -> None:
-    """A nonzero floor: the faulted run differs bitwise but stays within margin x floor."""
+    """A nonzero floor: the faulted run differs bitwise but stays within the floor's threshold."""
     make_experiment(tmp_path, floor_perturb={3: 1e-5, 8: -1e-5}, faulted_perturb={7: 1.5e-5})
     summary = summarize(tmp_path)
-    faulted = summary["runs"]["faulted"]
-    assert not summary["floor"]["bitwise"]
-    assert faulted["fidelity"]["first_divergent_step"] == 7 and faulted["preserving"]
-    assert run_verdict(faulted) == "within floor"
+    [group] = summary.groups
+    faulted = group.runs["faulted"]
+    assert not group.floor.bitwise
+    assert faulted.comparison.first_divergent_step == 7 and faulted.verdict.preserving
+    assert faulted.verdict.label == "within floor"
     md_path, html_path = write_report(tmp_path, summary)
     md = md_path.read_text()
     assert "**Recovery was correct within the floor:**" in md
@@ -277,30 +306,65 @@ def test_report_on_measured_floor(tmp_path: Path) -> None:
     assert "http" not in strip_data_uris(html_path.read_text())
 
 
-def test_render_run_text(tmp_path: Path) -> None:
+def test_a_flagged_all_on_cell_fails_the_report_and_the_exit_code(tmp_path: Path) -> None:
+    """Issue 11, hole 5: `report` (like `experiment`) exits 1 exactly when the report opens with FAIL."""
+    make_experiment(tmp_path, all_on_perturb={8: 1e-4})
+    summary = summarize(tmp_path)
+    assert summary.verdict.head == "FAIL" and summary.verdict.exit_code == 1
+    proc = subprocess.run(
+        [sys.executable, "-m", "truestep", "report", str(tmp_path)],
+        env=truestep_env(),
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 1, proc.stderr
+    md = (tmp_path / "report.md").read_text()
+    assert "## Verdict\n\n**FAIL.**" in md and "all-on `ablation-all-on-hard` VIOLATED at step 8 (loss)" in md
+
+
+def test_figures_draw_what_the_analysis_computed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 11, hole 8: the deviation figure is handed the run's Comparison and verdict, the timeline its
+    Goodput spans; nothing is re-derived from the logs."""
+    from truestep.analysis.report import plots
+
     make_experiment(tmp_path)
     summary = summarize(tmp_path)
-    text = render_run_text("faulted", summary["runs"]["faulted"])
+    seen: dict[str, tuple] = {}
+    deviation, timeline = plots.plot_deviation, plots.plot_timeline
+
+    def spy_deviation(c, f, v, *rest):
+        seen.setdefault("dev", (c, f, v))
+        return deviation(c, f, v, *rest)
+
+    def spy_timeline(g, *rest):
+        seen.setdefault("tl", (g,))
+        return timeline(g, *rest)
+
+    monkeypatch.setattr(plots, "plot_deviation", spy_deviation)
+    monkeypatch.setattr(plots, "plot_timeline", spy_timeline)
+    write_report(tmp_path, summary)
+    faulted = summary.groups[0].runs["faulted"]
+    assert seen["dev"][0] is faulted.comparison and seen["dev"][2] is faulted.verdict
+    assert seen["dev"][1] is summary.groups[0].floor
+    assert seen["tl"][0] is faulted.goodput
+
+
+def test_render_run_text(tmp_path: Path) -> None:
+    make_experiment(tmp_path)
+    runs = summarize(tmp_path).groups[0].runs
+    text = render_run_text(runs["faulted"])
     assert text.splitlines()[0].startswith("faulted: bitwise")
     assert "kill at step 6" in text and "resume@5" in text and "lost work" in text
-    only = render_run_text(
-        "ablation-rng-restore-off-hard",
-        summary["runs"]["ablation-rng-restore-off-hard"],
-        sections=["fidelity"],
-    )
-    assert "VIOLATED at step 6" in only and "first divergent 6" in only and "goodput" not in only
+    only = render_run_text(runs["ablation-rng-restore-off-hard"], sections=["fidelity"])
+    assert "VIOLATED at step 6 (loss)" in only and "first divergent 6" in only and "goodput" not in only
     with pytest.raises(ValueError):
-        render_run_text("x", {}, sections=["nope"])
-    assert render_run_text("ref", {"goodput": summary["runs"]["reference"]["goodput"]}).startswith(
-        "ref: no reference"
-    )
+        render_run_text(runs["faulted"], sections=["nope"])
+    assert render_run_text(runs["reference"]).startswith("reference: no reference")
 
 
 def test_plots_edge_cases(tmp_path: Path) -> None:
     from truestep.analysis.report import plots
 
-    empty = plots.plot_ablation({"ablation": []}, tmp_path / "empty.png")
-    assert empty.read_bytes()[:8] == PNG_MAGIC
     # A run that stops early with a NaN loss: missing steps and a non-finite deviation still draw.
     ref = clean_run()
     short = RunWriter()
@@ -309,6 +373,23 @@ def test_plots_edge_cases(tmp_path: Path) -> None:
     short.metrics[-1]["loss"] = math.nan
     ref_log = RunLog.load(ref.write(tmp_path / "ref"))
     short_log = RunLog.load(short.write(tmp_path / "short"))
-    out = plots.plot_deviation(ref_log, short_log, 0.0, 2.0, tmp_path / "dev.png")
+    floor = measure_floor(ref_log, [])
+    c = compare(short_log, ref_log)
+    out = plots.plot_deviation(c, floor, judge(c, floor), [], tmp_path / "dev.png", "short")
     assert out.read_bytes()[:8] == PNG_MAGIC
-    assert plots.plot_timeline(short_log, tmp_path / "tl.png").stat().st_size > 1000
+    gp = goodput(short_log, None)
+    assert plots.plot_timeline(gp, [], tmp_path / "tl.png", "short").stat().st_size > 1000
+
+
+def test_an_experiment_written_before_roles_and_a_name_that_escapes(tmp_path: Path) -> None:
+    """experiment.json names only the jobs (the format before roles): roles come from the names. A job
+    name that is a path is refused before anything is read."""
+    make_experiment(tmp_path)
+    (tmp_path / "experiment.json").write_text(json.dumps({"jobs": [{"name": n} for n in ROLES]}))
+    summary = summarize(tmp_path)
+    assert [c.row for c in summary.groups[0].cells] == ["all-on", "rng-restore-off"]
+    (tmp_path / "experiment.json").write_text(
+        json.dumps({"jobs": [{"name": "../../etc", "role": "reference"}]})
+    )
+    with pytest.raises(RunLogError, match="not a plain directory name"):
+        summarize(tmp_path)

@@ -1,31 +1,44 @@
-"""Trajectory fidelity of a run against a failure-free same-seed reference, and the same-seed floor.
+"""What a run looks like next to its failure-free same-seed reference, observable by observable.
 
-Definitions (docs/measures.md has the formulas): runs are aligned by step on the trajectory each ended
-on; Δloss_s = |loss_run(s) - loss_ref(s)|; a step is *bitwise equal* when the fp32 loss bit patterns
-match; a step is *preserving* when Δloss_s <= margin * floor_loss and Δgrad_norm_s <= margin *
-floor_grad_norm (both floors 0 on CPU, which makes "preserving" mean "bitwise equal").
+`compare` computes, once, everything the verdict, the goodput, the report and its figures use (they
+never recompute it): per step of the reference, |Δloss| and |Δgrad norm| and whether both bit patterns
+match; the steps the run lacks (missing) and the steps the reference lacks (unverifiable); the parameter
+digests at every step both logged one; the per-tensor distances of parameters and optimizer moments at
+the checkpoint steps both kept (analysis/state.py); the per-resume windows. docs/measures.md has the
+definitions; analysis/verdict.py judges them against the floor.
 """
 
 from __future__ import annotations
 
 import math
 import struct
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from statistics import fmean
-from typing import Any
 
 from truestep.analysis.runlog import RunLog, finite_abs_diff
+from truestep.analysis.state import StateDistance
 
 DEFAULT_MARGIN = 2.0
 
 
-def loss_bits(x: float) -> bytes:
+def f32_bits(x: float) -> bytes:
     return struct.pack(">f", x)
 
 
-@dataclass
+@dataclass(frozen=True)
+class StepDelta:
+    """One step of the reference, seen in the run."""
+
+    step: int
+    dloss: float
+    dgrad_norm: float
+    bitwise: bool
+    """Loss and grad norm have the reference's fp32 bit patterns."""
+
+
+@dataclass(frozen=True)
 class Window:
-    """The steps after one resume (up to the next resume or the end)."""
+    """The steps after one resume (computed by the attempt that resumed)."""
 
     resumed_at: int
     steps: int
@@ -36,71 +49,56 @@ class Window:
 
 
 @dataclass
-class Fidelity:
-    steps_compared: int
+class Comparison:
+    steps: list[StepDelta]
+    """Every step of the reference that the run also has, in step order."""
     missing_steps: list[int]
-    max_dloss: float
-    mean_dloss: float
-    max_dgrad_norm: float
-    first_divergent_step: int | None
-    """First step whose loss bit pattern differs from the reference (or is missing)."""
-    fraction_bitwise_equal: float
+    """Steps of the reference the run never logged: it did not get there."""
+    unverifiable_steps: list[int]
+    """Steps of the run the reference does not have (a longer run, or lines a stale attempt left past the
+    job's end): nothing to compare them with, so never counted as correct."""
+    digests: dict[int, bool]
+    """Step -> the parameter digests of run and reference are equal (steps where both logged one)."""
+    state: list[StateDistance] = field(default_factory=list)
+    """Parameter and optimizer-moment distances at the checkpoint steps both runs kept."""
     windows: list[Window] = field(default_factory=list)
-    digest_matches: dict[int, bool] = field(default_factory=dict)
-    """Checkpoint step -> parameter digest equal to the reference's at that step."""
-    final_digest_equal: bool | None = None
     layout_changed: bool = False
+    config_differs: bool = False
+    """Some attempt of the run had a config fingerprint other than the reference's."""
 
-    def to_dict(self) -> dict[str, Any]:
-        out = asdict(self)
-        out["digest_matches"] = {str(k): v for k, v in self.digest_matches.items()}
-        return out
+    @property
+    def steps_compared(self) -> int:
+        return len(self.steps)
 
+    @property
+    def max_dloss(self) -> float:
+        return max((d.dloss for d in self.steps), default=0.0)
 
-@dataclass
-class Floor:
-    """The deviation between two failure-free same-seed runs: the correctness threshold."""
+    @property
+    def mean_dloss(self) -> float:
+        return _mean([d.dloss for d in self.steps])
 
-    max_dloss: float
-    max_dgrad_norm: float
-    bitwise: bool
+    @property
+    def max_dgrad_norm(self) -> float:
+        return max((d.dgrad_norm for d in self.steps), default=0.0)
 
+    @property
+    def fraction_bitwise_equal(self) -> float:
+        total = len(self.steps) + len(self.missing_steps)
+        return sum(d.bitwise for d in self.steps) / total if total else 1.0
 
-def _deltas(run: RunLog, ref: RunLog) -> dict[int, tuple[float, float, bool]]:
-    out = {}
-    for step, want in ref.final_steps.items():
-        got = run.final_steps.get(step)
-        if got is None:
-            continue
-        out[step] = (
-            finite_abs_diff(got["loss"], want["loss"]),
-            finite_abs_diff(got["grad_norm"], want["grad_norm"]),
-            loss_bits(got["loss"]) == loss_bits(want["loss"]),
-        )
-    return out
+    @property
+    def first_divergent_step(self) -> int | None:
+        """First step at which anything observable is not bit-identical: a loss or grad norm bit pattern,
+        a missing step, a parameter digest, a nonzero state distance."""
+        found = [d.step for d in self.steps if not d.bitwise] + self.missing_steps
+        found += [s for s, equal in self.digests.items() if not equal]
+        found += [d.step for d in self.state if d.nonzero]
+        return min(found, default=None)
 
-
-def _windows(run: RunLog, deltas: dict[int, tuple[float, float, bool]]) -> list[Window]:
-    """One window per resume: the final-trajectory steps computed by the attempt that resumed."""
-    windows = []
-    for event in run.named("checkpoint_restore"):
-        steps = [
-            s
-            for s, line in run.final_steps.items()
-            if line["attempt"] == event.get("attempt") and s in deltas
-        ]
-        dl = [deltas[s][0] for s in steps]
-        windows.append(
-            Window(
-                resumed_at=event["step"],
-                steps=len(steps),
-                max_dloss=max(dl, default=0.0),
-                mean_dloss=_mean(dl),
-                max_dgrad_norm=max((deltas[s][1] for s in steps), default=0.0),
-                layout_changed=bool(event.get("layout_changed")),
-            )
-        )
-    return windows
+    @property
+    def bitwise(self) -> bool:
+        return self.first_divergent_step is None
 
 
 def _mean(values: list[float]) -> float:
@@ -109,40 +107,64 @@ def _mean(values: list[float]) -> float:
     return fmean(values) if all(map(math.isfinite, values)) else math.inf
 
 
-def compare(run: RunLog, ref: RunLog) -> Fidelity:
-    deltas = _deltas(run, ref)
-    missing = [s for s in ref.final_steps if s not in run.final_steps]
-    first = next((s for s in ref.final_steps if s not in deltas or not deltas[s][2]), None)
-    dl = [d[0] for d in deltas.values()]
-    ref_digests, run_digests = ref.checkpoint_digests(), run.checkpoint_digests()
-    final_run, final_ref = run.final_digest(), ref.final_digest()
-    return Fidelity(
-        steps_compared=len(deltas),
-        missing_steps=missing,
-        max_dloss=max(dl, default=0.0),
-        mean_dloss=_mean(dl),
-        max_dgrad_norm=max((d[1] for d in deltas.values()), default=0.0),
-        first_divergent_step=first,
-        fraction_bitwise_equal=sum(d[2] for d in deltas.values()) / max(1, len(ref.final_steps)),
-        windows=_windows(run, deltas),
-        digest_matches={s: run_digests[s] == d for s, d in ref_digests.items() if s in run_digests},
-        final_digest_equal=(final_run == final_ref) if final_run and final_ref else None,
+def step_deltas(run: RunLog, ref: RunLog) -> list[StepDelta]:
+    out = []
+    for step, want in ref.final_steps.items():
+        got = run.final_steps.get(step)
+        if got is not None:
+            bitwise = f32_bits(got["loss"]) == f32_bits(want["loss"]) and f32_bits(
+                got["grad_norm"]
+            ) == f32_bits(want["grad_norm"])
+            out.append(
+                StepDelta(
+                    step,
+                    finite_abs_diff(got["loss"], want["loss"]),
+                    finite_abs_diff(got["grad_norm"], want["grad_norm"]),
+                    bitwise,
+                )
+            )
+    return out
+
+
+def _windows(run: RunLog, deltas: dict[int, StepDelta]) -> list[Window]:
+    """One window per resume: the final-trajectory steps computed by the attempt that resumed (an
+    attempt's first restore; a later NaN rollback inside it is not a resume)."""
+    windows, seen = [], set()
+    for event in run.named("checkpoint_restore"):
+        attempt = event.get("attempt")
+        if attempt in seen:
+            continue
+        seen.add(attempt)
+        mine = [
+            deltas[s] for s, line in run.final_steps.items() if line["attempt"] == attempt and s in deltas
+        ]
+        dl = [d.dloss for d in mine]
+        windows.append(
+            Window(
+                resumed_at=event["step"],
+                steps=len(mine),
+                max_dloss=max(dl, default=0.0),
+                mean_dloss=_mean(dl),
+                max_dgrad_norm=max((d.dgrad_norm for d in mine), default=0.0),
+                layout_changed=bool(event.get("layout_changed")),
+            )
+        )
+    return windows
+
+
+def compare(run: RunLog, ref: RunLog, state: list[StateDistance] | None = None) -> Comparison:
+    """Everything observable about `run` next to `ref`. `state` is analysis.state.distances(run, ref)
+    when the checkpoints were read (they are read once, by the caller that knows which steps count)."""
+    deltas = step_deltas(run, ref)
+    ref_digests, run_digests = ref.digests(), run.digests()
+    ref_prints = set(ref.fingerprints())
+    return Comparison(
+        steps=deltas,
+        missing_steps=[s for s in ref.final_steps if s not in run.final_steps],
+        unverifiable_steps=[s for s in run.final_steps if s not in ref.final_steps],
+        digests={s: run_digests[s] == d for s, d in ref_digests.items() if s in run_digests},
+        state=list(state or []),
+        windows=_windows(run, {d.step: d for d in deltas}),
         layout_changed=bool(run.layout_changes()),
+        config_differs=bool(ref_prints) and any(p not in ref_prints for p in run.fingerprints()),
     )
-
-
-def floor(repeat: RunLog, ref: RunLog) -> Floor:
-    fid = compare(repeat, ref)
-    return Floor(fid.max_dloss, fid.max_dgrad_norm, fid.first_divergent_step is None)
-
-
-def first_violation(run: RunLog, ref: RunLog, base: Floor, margin: float = DEFAULT_MARGIN) -> int | None:
-    """First step (in the reference's steps) that is missing or deviates beyond margin x floor."""
-    deltas = _deltas(run, ref)
-    for step in ref.final_steps:
-        if step not in deltas:
-            return step
-        dloss, dgrad, _ = deltas[step]
-        if dloss > margin * base.max_dloss or dgrad > margin * base.max_dgrad_norm:
-            return step
-    return None

@@ -1,19 +1,28 @@
 """MTTR per fault: fault -> detected -> all ranks down -> relaunched -> restored -> first new step, and
-the time to regain the step the run had reached before the fault. All from event timestamps."""
+the time to regain the step the run had reached before the fault. All from event timestamps.
+
+Events are joined by attempt number (job-wide, docs/resilience.md), not by "the next event of that name":
+the fault's attempt is the one that went down, the next attempt is the one that recovered. So a `term`
+whose attempt then crashed in its emergency save is down when the supervisor tore it down (there is no
+`run_end` of that attempt), and a NaN rollback later in the recovering attempt is not its restore.
+"""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
+from truestep.analysis.goodput import attempt_at, attempt_starts
 from truestep.analysis.runlog import RunLog
 
-PROCESS_FAULTS = ("kill", "hang", "crash", "corrupt", "term")
+PROCESS_FAULTS = ("kill", "hang", "crash", "crash-in-save", "corrupt", "term")
+PHASES = ("detect", "teardown", "relaunch", "restore", "first_step")
 
 
-@dataclass
+@dataclass(frozen=True)
 class Incident:
     kind: str
+    attempt: int | None
     fault_time: float
     pre_fault_step: int
     phases_s: dict[str, float | None]
@@ -24,72 +33,83 @@ class Incident:
     regain_s: float | None
     """fault -> the pre-fault step is reached again."""
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
-
-def _first(times: list[float], after: float | None) -> float | None:
+def _first(events: list[dict[str, Any]], after: float | None, key: str = "time") -> float | None:
     if after is None:
         return None
-    later = [t for t in times if t >= after]
+    later = [e.get(key, e["time"]) for e in events if e.get(key, e["time"]) >= after]
     return min(later) if later else None
+
+
+def _span(a: float | None, b: float | None) -> float | None:
+    return b - a if a is not None and b is not None else None
+
+
+def _down(run: RunLog, fault: dict[str, Any], attempt: int | None, t_detect: float | None) -> float | None:
+    """When every rank of the fault's attempt was down."""
+    if fault["kind"] == "term":
+        ends = [e for e in run.named("run_end") if e.get("attempt") == attempt]
+        if ends:
+            return _first(ends, t_detect)
+        # The attempt did not end cleanly after the signal (e.g. a crash in its emergency save): it was
+        # down when the supervisor finished tearing it down.
+        failures = [e for e in run.named("failure_detected") if e.get("attempt", attempt) == attempt]
+        t_failed = _first(failures, fault["time"], "detected_at")
+        return _first(run.named("teardown_complete"), t_failed)
+    return _first(run.named("teardown_complete"), t_detect)
 
 
 def incidents(run: RunLog) -> list[Incident]:
     found = []
-    detected = [e["detected_at"] for e in run.named("failure_detected")]
-    agreed = [e["time"] for e in run.named("signal_received")]
-    down = [e["time"] for e in run.named("teardown_complete")]
-    ends = [e["time"] for e in run.named("run_end")]
-    relaunches = [e["time"] for e in run.named("attempt_start")] or [
-        e.get("process_start", e["time"]) for e in run.named("run_start")
-    ]
-    starts = run.named("run_start")
-    restores = {e["attempt"]: e for e in run.named("checkpoint_restore")}
+    starts = attempt_starts(run)
+    launches: dict[int, float] = {}
+    for e in run.named("attempt_start"):
+        if "attempt" in e:
+            launches.setdefault(e["attempt"], e["time"])
     for fault in run.named("fault_injected"):
         if fault["kind"] not in PROCESS_FAULTS:
             continue
         t0 = fault["time"]
-        graceful = fault["kind"] == "term"
-        t_detect = _first(agreed if graceful else detected, t0)
-        t_down = _first(ends if graceful else down, t_detect)
-        t_relaunch = _first(relaunches, t_down)
-        # The attempt that took over; it restores a checkpoint unless the fault came before the first one.
-        successor = next((e for e in starts if t_relaunch is not None and e["time"] >= t_relaunch), None)
-        attempt = successor["attempt"] if successor else None
-        t_restore = restores[attempt]["time"] if attempt in restores else None
-        after = t_restore if t_restore is not None else t_relaunch
-        first_line = next(
-            (
-                m
-                for m in run.metrics
-                if attempt is not None and m["attempt"] == attempt and m["time"] >= after
-            ),
-            None,
+        attempt = fault.get("attempt", attempt_at(starts, t0))
+        if fault["kind"] == "term":
+            agreed = [e for e in run.named("signal_received") if e.get("attempt", attempt) == attempt]
+            t_detect = _first(agreed, t0)
+        else:
+            failures = [e for e in run.named("failure_detected") if e.get("attempt", attempt) == attempt]
+            t_detect = _first(failures, t0, "detected_at")
+        t_down = _down(run, fault, attempt, t_detect)
+        # The attempt that took over: the first one after the fault's, launched once it was down.
+        later = sorted(a for a in set(starts) | set(launches) if attempt is None or a > attempt)
+        successor = next(
+            (a for a in later if t_down is not None and launches.get(a, starts.get(a, -1)) >= t_down), None
         )
-        t_first = first_line["time"] if first_line else None
+        t_relaunch = launches.get(successor, starts.get(successor)) if successor is not None else None
+        restores = [e for e in run.named("checkpoint_restore") if e.get("attempt") == successor]
+        t_restore = restores[0]["time"] if restores else None
+        after = t_restore if t_restore is not None else t_relaunch
+        lines = [
+            m for m in run.metrics if m["attempt"] == successor and after is not None and m["time"] >= after
+        ]
+        t_first = lines[0]["time"] if lines else None
         pre = max((m["step"] for m in run.metrics if m["time"] <= t0), default=0)
         regained = next(
             (m["time"] for m in run.metrics if t_first and m["time"] >= t_first and m["step"] >= pre), None
         )
-
-        def span(a: float | None, b: float | None) -> float | None:
-            return b - a if a is not None and b is not None else None
-
         found.append(
             Incident(
                 kind=fault["kind"],
+                attempt=attempt,
                 fault_time=t0,
                 pre_fault_step=pre,
                 phases_s={
-                    "detect": span(t0, t_detect),
-                    "teardown": span(t_detect, t_down),
-                    "relaunch": span(t_down, t_relaunch),
-                    "restore": span(t_relaunch, t_restore),
-                    "first_step": span(t_restore if t_restore is not None else t_relaunch, t_first),
+                    "detect": _span(t0, t_detect),
+                    "teardown": _span(t_detect, t_down),
+                    "relaunch": _span(t_down, t_relaunch),
+                    "restore": _span(t_relaunch, t_restore),
+                    "first_step": _span(after, t_first),
                 },
-                mttr_s=span(t0, t_first),
-                regain_s=span(t0, regained),
+                mttr_s=_span(t0, t_first),
+                regain_s=_span(t0, regained),
             )
         )
     return found

@@ -1,37 +1,178 @@
-"""Everything the instrument reports about one run, as plain JSON-able dicts."""
+"""Everything the instrument reports about runs and experiments, as typed results.
+
+`analyze_run` is one run (comparison, verdict, goodput, MTTR, checkpoint overhead); `analyze_group` is
+one reference with its floor repeats, faulted runs and ablation cells; an `ExperimentSummary` is one or
+more groups (the demo has two: the exact floor and the emulated nonzero floor) and the experiment's
+verdict. The report, the CLI text and summary.json are all drawn from these objects; `to_json` writes
+them with non-finite floats as strings, so strict JSON readers parse it.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import enum
+import json
+import math
+from dataclasses import dataclass
 from typing import Any
 
-from truestep.analysis.fidelity import DEFAULT_MARGIN, Floor, compare, first_violation
-from truestep.analysis.goodput import checkpoint_overhead, goodput
-from truestep.analysis.mttr import incidents
+from truestep.analysis.fidelity import DEFAULT_MARGIN, Comparison, compare
+from truestep.analysis.floor import FloorModel, measure_floor
+from truestep.analysis.goodput import CheckpointOverhead, Goodput, checkpoint_overhead, goodput
+from truestep.analysis.mttr import Incident, incidents
 from truestep.analysis.runlog import RunLog
+from truestep.analysis.state import distances
+from truestep.analysis.verdict import (
+    UNCHECKED,
+    CellVerdict,
+    ExperimentVerdict,
+    RunVerdict,
+    judge,
+    judge_experiment,
+)
 
-EXACT_FLOOR = Floor(0.0, 0.0, True)
+
+@dataclass
+class RunAnalysis:
+    name: str
+    path: str
+    role: str
+    """reference, floor, faulted, ablation or run."""
+    faults: list[str]
+    resumes: int
+    """Attempts that resumed from a checkpoint."""
+    comparison: Comparison | None
+    verdict: RunVerdict
+    goodput: Goodput
+    incidents: list[Incident]
+    checkpoint: CheckpointOverhead
+
+    @property
+    def mean_mttr_s(self) -> float | None:
+        values = [i.mttr_s for i in self.incidents if i.mttr_s is not None]
+        return sum(values) / len(values) if values else None
 
 
-def analyze(
-    run: RunLog, ref: RunLog | None, base: Floor | None, margin: float = DEFAULT_MARGIN
-) -> dict[str, Any]:
-    """Fidelity (if a reference is given), goodput, MTTR and checkpoint overhead of one run.
+@dataclass
+class GroupSummary:
+    name: str
+    """"" for an experiment's main group; e.g. `emulated` for the demo's nonzero-floor group."""
+    note: str
+    """What sets the group apart (e.g. the emulator scale), shown in the report."""
+    reference: str
+    floor: FloorModel
+    runs: dict[str, RunAnalysis]
+    cells: list[CellVerdict]
+    verdict: ExperimentVerdict
 
-    Without a measured floor the threshold is exact equality (the CPU expectation), and the summary says
-    so in `floor_source`.
-    """
-    out: dict[str, Any] = {"path": str(run.path), "faults": [e["spec"] for e in run.named("fault_injected")]}
-    violation = None
+
+@dataclass
+class ExperimentSummary:
+    margin: float
+    groups: list[GroupSummary]
+    verdict: ExperimentVerdict
+
+
+def analyze_run(
+    name: str,
+    run: RunLog,
+    ref: RunLog | None,
+    floor: FloorModel | None,
+    role: str = "run",
+    read_state: bool = True,
+    comparison: Comparison | None = None,
+) -> RunAnalysis:
+    """One run against its reference and floor (without a reference: goodput and MTTR only).
+    `comparison`: the run's comparison with `ref` when already made (a floor repeat's)."""
+    verdict = UNCHECKED
     if ref is not None:
-        floor_used = base or EXACT_FLOOR
-        fid = compare(run, ref)
-        violation = first_violation(run, ref, floor_used, margin)
-        out["fidelity"] = fid.to_dict()
-        out["first_violation_step"] = violation
-        out["preserving"] = violation is None
-        out["floor_source"] = "measured" if base is not None else "assumed-exact"
-    out["goodput"] = goodput(run, violation).to_dict()
-    out["mttr"] = [i.to_dict() for i in incidents(run)]
-    out["checkpoint"] = checkpoint_overhead(run)
-    out["restarts"] = len(run.named("checkpoint_restore"))
-    return out
+        floor = floor or measure_floor(ref, [], read_state=read_state)
+        if comparison is None:
+            steps = floor.state_steps if read_state else []
+            comparison = compare(run, ref, distances(run.path, ref.path, steps) if steps else [])
+        verdict = judge(comparison, floor)
+    unverifiable = set(comparison.unverifiable_steps) if comparison else set()
+    return RunAnalysis(
+        name=name,
+        path=str(run.path),
+        role=role,
+        faults=run.fault_specs(),
+        resumes=len({e.get("attempt") for e in run.named("checkpoint_restore")}),
+        comparison=comparison,
+        verdict=verdict,
+        goodput=goodput(run, verdict.first_violation_step, unverifiable),
+        incidents=incidents(run),
+        checkpoint=checkpoint_overhead(run),
+    )
+
+
+def analyze_group(
+    ref_name: str,
+    ref: RunLog,
+    floors: dict[str, RunLog],
+    others: dict[str, tuple[str, RunLog]],
+    cells: list[tuple[str, str, str]],
+    margin: float = DEFAULT_MARGIN,
+    name: str = "",
+    note: str = "",
+    read_state: bool = True,
+) -> GroupSummary:
+    """A reference, its floor repeats, and other runs by name -> (role, log); `cells` are the ablation
+    cells as (row, mode, run name) naming runs of `others`."""
+    floor = measure_floor(ref, list(floors.values()), margin, read_state)
+    runs = {ref_name: analyze_run(ref_name, ref, None, None, "reference")}
+    for (floor_name, log), made in zip(floors.items(), floor.comparisons, strict=True):
+        runs[floor_name] = analyze_run(floor_name, log, ref, floor, "floor", read_state, made)
+    for run_name, (role, log) in others.items():
+        runs[run_name] = analyze_run(run_name, log, ref, floor, role, read_state)
+    judged = [CellVerdict(row, mode, run, runs[run].verdict) for row, mode, run in cells]
+    faulted = {n: r.verdict for n, r in runs.items() if r.role == "faulted"}
+    return GroupSummary(name, note, ref_name, floor, runs, judged, judge_experiment(faulted, judged))
+
+
+def summarize_groups(groups: list[GroupSummary], margin: float = DEFAULT_MARGIN) -> ExperimentSummary:
+    """The experiment's verdict over every group: FAIL if any group fails."""
+    faulted = {
+        f"{g.name}/{n}" if g.name else n: r.verdict
+        for g in groups
+        for n, r in g.runs.items()
+        if r.role == "faulted"
+    }
+    cells = [c for g in groups for c in g.cells]
+    return ExperimentSummary(margin, groups, judge_experiment(faulted, cells))
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, RunVerdict):
+        out = {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+        out.update(
+            label=value.label, preserving=value.preserving, first_violation_step=value.first_violation_step
+        )
+        return out
+    if isinstance(value, Comparison):
+        out = {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+        for derived in (
+            "max_dloss",
+            "mean_dloss",
+            "max_dgrad_norm",
+            "fraction_bitwise_equal",
+            "first_divergent_step",
+        ):
+            out[derived] = _plain(getattr(value, derived))
+        return out
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, enum.Enum):
+        return str(value.value)
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    return value
+
+
+def to_json(value: Any) -> str:
+    """Strict JSON of any result above (non-finite floats as "inf"/"nan" strings)."""
+    return json.dumps(_plain(value), indent=1, allow_nan=False)

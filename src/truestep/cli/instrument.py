@@ -1,99 +1,108 @@
-"""`truestep experiment | fidelity | goodput | report | demo`: the measuring instrument's commands."""
+"""`truestep experiment | fidelity | goodput | report | demo`: the measuring instrument's commands.
+
+Every verdict comes from analysis/verdict.py and every exit code from it: 0 when the run (or the
+experiment) is what the report calls correct, 1 when it is not; refused input exits 3 with one line.
+"""
 
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
-from truestep.analysis.fidelity import DEFAULT_MARGIN, floor
+from truestep.analysis.fidelity import DEFAULT_MARGIN
+from truestep.analysis.floor import measure_floor
 from truestep.analysis.runlog import RunLog
-from truestep.analysis.summary import analyze
+from truestep.analysis.summary import ExperimentSummary, analyze_run, to_json
 from truestep.config.load import load_config
-from truestep.experiment.plan import plan_jobs
-from truestep.experiment.runner import run_plan
+from truestep.core.errors import UsageError
+from truestep.experiment.plan import DEFAULT_REPEATS, plan_jobs
+from truestep.experiment.runner import JobSpec, run_plan
 from truestep.experiment.summary import summarize
 from truestep.faults.spec import campaign, parse_faults
 
 DEMO_FAULTS = ["kill:rank=1:step=12", "term:step=22:restart=1"]
+DEMO_EMULATION = 1e-2
+"""The demo's emulated GPU noise (relative gradient noise): strong enough for a visible floor (~1e-4)."""
+DEMO_EMULATED_REPEATS = 3
 
 
-def _print_run(name: str, result: dict, as_json: bool) -> None:
-    if as_json:
-        print(json.dumps(result, indent=1, default=str))
-        return
+def _floor_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--floor",
+        action="append",
+        default=[],
+        help="a failure-free same-seed repeat of REF (repeatable; two or more calibrate the threshold)",
+    )
+    p.add_argument("--margin", type=float, default=DEFAULT_MARGIN, help="threshold = margin x leave-one-out")
+    p.add_argument("--skip-state", action="store_true", help="do not read checkpoints (state distances)")
+    p.add_argument("--json", action="store_true")
+
+
+def _judge_one(a: argparse.Namespace) -> int:
     from truestep.analysis.report import render_run_text
 
-    print(render_run_text(name, result))
+    if a.floor and not a.reference:
+        raise UsageError("--floor needs --reference")
+    run = RunLog.load(a.run)
+    ref = RunLog.load(a.reference) if a.reference else None
+    floor = measure_floor(ref, [RunLog.load(f) for f in a.floor], a.margin, not a.skip_state) if ref else None
+    result = analyze_run(a.run, run, ref, floor, read_state=not a.skip_state)
+    print(to_json(result) if a.json else render_run_text(result))
+    return result.verdict.exit_code
 
 
 def fidelity_main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="truestep fidelity", description="Trajectory fidelity of RUN vs REF.")
     p.add_argument("run")
     p.add_argument("--reference", required=True, help="failure-free same-seed run directory")
-    p.add_argument("--floor", help="a second failure-free run: measures the same-seed floor")
-    p.add_argument("--margin", type=float, default=DEFAULT_MARGIN)
-    p.add_argument("--json", action="store_true")
-    a = p.parse_args(argv)
-    ref = RunLog.load(a.reference)
-    base = floor(RunLog.load(a.floor), ref) if a.floor else None
-    result = analyze(RunLog.load(a.run), ref, base, a.margin)
-    _print_run(a.run, result, a.json)
-    return 0 if result["preserving"] else 1
+    _floor_args(p)
+    return _judge_one(p.parse_args(argv))
 
 
 def goodput_main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="truestep goodput", description="Goodput, badput and MTTR of RUN.")
     p.add_argument("run")
     p.add_argument("--reference", help="if given, correct goodput counts only trajectory-preserving work")
-    p.add_argument("--floor")
-    p.add_argument("--margin", type=float, default=DEFAULT_MARGIN)
-    p.add_argument("--json", action="store_true")
-    a = p.parse_args(argv)
-    ref = RunLog.load(a.reference) if a.reference else None
-    base = floor(RunLog.load(a.floor), ref) if a.floor and ref else None
-    _print_run(a.run, analyze(RunLog.load(a.run), ref, base, a.margin), a.json)
-    return 0
+    _floor_args(p)
+    return _judge_one(p.parse_args(argv))
+
+
+def _report(out: Path, summary: ExperimentSummary) -> None:
+    from truestep.analysis.report import write_report
+
+    md, html = write_report(out, summary)
+    print(
+        f"\n{summary.verdict.head}"
+        + (": " + "; ".join(summary.verdict.failures) if summary.verdict.failures else "")
+    )
+    print(f"report: {md}\n        {html}")
 
 
 def report_main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="truestep report", description="report.md + report.html for DIR.")
     p.add_argument("dir", help="an experiment directory (with experiment.json)")
     p.add_argument("--margin", type=float, default=DEFAULT_MARGIN)
+    p.add_argument("--skip-state", action="store_true", help="do not read checkpoints (state distances)")
     a = p.parse_args(argv)
-    from truestep.analysis.report import write_report
-
-    md, html = write_report(Path(a.dir), summarize(Path(a.dir), a.margin))
-    print(f"wrote {md}\nwrote {html}")
-    return 0
+    summary = summarize(Path(a.dir), a.margin, not a.skip_state)
+    _report(Path(a.dir), summary)
+    return summary.verdict.exit_code
 
 
-def _experiment(
-    config: str,
-    overrides: list[str],
-    out: Path,
-    nproc: int,
-    faults: list[str],
-    ablation: bool,
-    margin: float,
-    nnodes: int = 1,
-) -> dict:
-    cfg = load_config(config, overrides)
-    interval = cfg.checkpoint.interval or 5
-    jobs = plan_jobs(config, overrides, nproc, faults, ablation, interval=interval, nnodes=nnodes)
-    run_plan(out, jobs)
+def _run_and_report(
+    out: Path, jobs: list[JobSpec], margin: float, notes: dict[str, str] | None = None
+) -> int:
+    run_plan(out, jobs, notes=notes)
     summary = summarize(out, margin)
-    from truestep.analysis.report import write_report
-
-    md, html = write_report(out, summary)
-    print(f"\nreport: {md}\n        {html}")
-    return summary
+    _report(out, summary)
+    return summary.verdict.exit_code
 
 
 def experiment_main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(
         prog="truestep experiment",
-        description="Reference, same-seed floor, faulted run(s) and optionally the ablation matrix, then the report.",
+        description="Reference, K same-seed repeats (the floor), faulted run(s) and optionally the ablation "
+        "matrix, then the report. Exit 0 when the report says PASS.",
     )
     p.add_argument("config", nargs="?", default="demo")
     p.add_argument("--out", default="runs/experiment")
@@ -109,37 +118,59 @@ def experiment_main(argv: list[str]) -> int:
     p.add_argument("--campaign", type=int, default=0, help="add N random process-level faults")
     p.add_argument("--seed", type=int, default=0, help="campaign seed")
     p.add_argument("--ablation", action="store_true", help="also run the mechanism on/off matrix")
+    p.add_argument(
+        "--repeats", type=int, default=DEFAULT_REPEATS, help="same-seed repeats for the floor (K >= 1)"
+    )
     p.add_argument("--margin", type=float, default=DEFAULT_MARGIN)
     a, overrides = p.parse_known_args(argv)
     if a.nproc < 1 or a.nnodes < 1:
         p.error("--nproc and --nnodes must be >= 1")
+    if a.repeats < 1:
+        p.error("--repeats must be >= 1")
+    cfg = load_config(a.config, overrides)
     faults = list(a.fault)
     if a.campaign:
-        cfg = load_config(a.config, overrides)
         world = a.nproc * a.nnodes
         faults += campaign(a.campaign, a.seed, cfg.train.max_steps, world, cfg.checkpoint.interval or 5)
     parse_faults(";".join(faults))  # reject bad specs before any run starts
     if not faults and not a.ablation:
         p.error("nothing to measure: give --fault, --campaign N or --ablation")
-    summary = _experiment(a.config, overrides, Path(a.out), a.nproc, faults, a.ablation, a.margin, a.nnodes)
-    faulted = summary["runs"].get("faulted")
-    return 0 if faulted is None or faulted["preserving"] else 1
+    jobs = plan_jobs(
+        a.config,
+        overrides,
+        a.nproc,
+        faults,
+        a.ablation,
+        interval=cfg.checkpoint.interval or 5,
+        repeats=a.repeats,
+        nnodes=a.nnodes,
+    )
+    return _run_and_report(Path(a.out), jobs, a.margin)
 
 
 def demo_main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(
         prog="truestep demo",
-        description="The whole story on the built-in default: 2 processes, two faults of different "
-        "classes, the same-seed floor, the ablation matrix and the report.",
+        description="The whole story on the built-in default: 2 processes, two faults of different classes, "
+        "the same-seed floor, the ablation matrix, then the same where the floor is not zero (emulated GPU "
+        "noise), and the report. Exit 0 when the report says PASS.",
     )
     p.add_argument("--out", default="runs/demo")
     a, overrides = p.parse_known_args(argv)
-    summary = _experiment("demo", overrides, Path(a.out), 2, DEMO_FAULTS, True, DEFAULT_MARGIN)
-    faulted = summary["runs"]["faulted"]
-    flagged = {(c["row"], c["mode"]): c["flagged"] for c in summary["ablation"]}
-    print(f"same-seed floor: {json.dumps(summary['floor'])}")
-    print(f"faulted run trajectory-preserving: {faulted['preserving']}")
-    print(f"ablation flagged: {flagged}")
-    return (
-        0 if faulted["preserving"] and not any(v for (row, _), v in flagged.items() if row == "all-on") else 1
+    interval = load_config("demo", overrides).checkpoint.interval or 5
+    jobs = plan_jobs("demo", overrides, 2, DEMO_FAULTS, True, interval=interval, repeats=1)
+    noisy = [*overrides, f"--train.emulate_nondeterminism={DEMO_EMULATION}"]
+    jobs += plan_jobs(
+        "demo",
+        noisy,
+        1,
+        [],
+        True,
+        ablation_rows=["all-on", "optimizer-restore-off"],
+        ablation_modes=["hard"],
+        interval=interval,
+        repeats=DEMO_EMULATED_REPEATS,
+        group="emulated",
     )
+    notes = {"emulated": f"emulated GPU nondeterminism, train.emulate_nondeterminism={DEMO_EMULATION:g}"}
+    return _run_and_report(Path(a.out), jobs, DEFAULT_MARGIN, notes)

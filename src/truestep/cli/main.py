@@ -20,9 +20,9 @@ commands:
   train [CONFIG] [--section.key=value ...]   train or resume (CONFIG: TOML file or preset; default tiny)
   launch [CONFIG] --nproc N [--max-restarts K] [overrides]   run N ranks under the local supervisor
   demo [--out DIR]                           the instrument end to end on the built-in default
-  experiment [CONFIG] [--fault SPEC ...] [--campaign N] [--ablation] [--out DIR]
-  fidelity RUN --reference REF [--floor REF2]  trajectory fidelity of a run
-  goodput RUN [--reference REF]              correct goodput, badput, MTTR of a run
+  experiment [CONFIG] [--fault SPEC ...] [--campaign N] [--ablation] [--repeats K] [--out DIR]
+  fidelity RUN --reference REF [--floor F ...]  trajectory fidelity of a run (exit 1: not preserving)
+  goodput RUN [--reference REF [--floor F ...]]  correct goodput, badput, MTTR of a run
   report DIR                                 report.md + report.html for an experiment directory
   export CKPT --to hf|torch DEST [--dtype bf16]  consolidate a checkpoint for Hugging Face / plain torch
   import-hf HF_DIR --out CKPT_DIR            HF Llama -> truestep checkpoint (--checkpoint.init_from)

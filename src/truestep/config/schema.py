@@ -106,6 +106,15 @@ class TrainConfig:
     max_steps. Not part of the trajectory: the resumed run continues to max_steps."""
     deterministic: bool = True
     """Call torch.use_deterministic_algorithms(True) (needed for bitwise-reproducible CUDA runs)."""
+    emulate_nondeterminism: float = 0.0
+    """Emulation of GPU reduction-order noise on a deterministic platform, for measuring the instrument
+    (docs/measures.md): every gradient element g becomes g * (1 + s * e), e ~ N(0, 1) drawn from OS
+    entropy (not the seed), so same-seed runs drift apart as GPU runs do. s is the relative scale: 6e-8
+    is about one fp32 ulp. 0 = off. Part of the trajectory fingerprint."""
+    emulate_restore_error: float = 0.0
+    """Emulation of a wrong restore, for measuring the instrument's detection power: after every
+    checkpoint restore, every parameter element p becomes p * (1 + d * e), e ~ N(0, 1) from OS entropy.
+    d is the relative error. 0 = off (never set it in a real run)."""
 
     def micro_batch(self, dp: int) -> int:
         """Samples per forward/backward on one data-parallel rank: micro_batch_size, or with 0 the
@@ -292,4 +301,6 @@ TRAJECTORY_KEYS = (
     "train.max_steps",
     "train.global_batch_size",
     "train.grad_clip",
+    "train.micro_batch_size",
+    "train.emulate_nondeterminism",
 )

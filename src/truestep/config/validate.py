@@ -135,6 +135,14 @@ def validate(cfg: JobConfig) -> None:
     _require(t.seed >= 0 and d.data_seed >= 0, "train.seed and data.data_seed must be >= 0")
     _require(p.init_timeout_s > 0, "parallel.init_timeout_s must be positive")
     _require(t.grad_clip >= 0, "train.grad_clip must be >= 0 (0 disables clipping)")
+    for name, value in (
+        ("train.emulate_nondeterminism", t.emulate_nondeterminism),
+        ("train.emulate_restore_error", t.emulate_restore_error),
+    ):
+        _require(
+            0.0 <= value <= 0.1,
+            f"{name} must be a relative scale in [0, 0.1] (0 = off; 6e-8 is about one fp32 ulp), got {value}",
+        )
     _require(o.lr > 0 and o.eps > 0, "optim.lr and optim.eps must be positive")
     _require(0 <= o.beta1 < 1 and 0 <= o.beta2 < 1, "optim.beta1 and optim.beta2 must be in [0, 1)")
     _require(o.weight_decay >= 0, "optim.weight_decay must be >= 0")

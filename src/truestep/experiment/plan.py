@@ -1,8 +1,10 @@
-"""An experiment's plan: the reference, the same-seed repeat (floor), the faulted run(s) and optionally
-the ablation matrix (runner.py runs it through the local supervisor; summary.py analyses it).
+"""An experiment's plan: the reference, K same-seed repeats (the floor), the faulted run(s) and optionally
+the ablation matrix, in one or more groups (runner.py runs it through the local supervisor; summary.py
+analyses it). A group is one reference with its own floor: the demo adds a group whose runs emulate
+GPU nondeterminism (`train.emulate_nondeterminism`), where the floor is not zero.
 
 Directory layout:
-  OUT/experiment.json      the plan (config, overrides, jobs with their faults)
+  OUT/experiment.json      the plan (every job with its role, group, faults and overrides)
   OUT/runs/<job>/          one run directory per job (metrics.jsonl, events.jsonl, checkpoints/)
   OUT/logs/<job>.log       the supervisor's and ranks' console output
   OUT/summary.json         every measure (experiment/summary.py)
@@ -22,6 +24,9 @@ ABLATION_ROWS: dict[str, list[str]] = {
     "atomic-commit-off": ["--checkpoint.atomic_commit=false"],
 }
 ABLATION_MODES = ("graceful", "hard")
+DEFAULT_REPEATS = 3
+"""Same-seed repeats for the floor: two is the fewest leave-one-out can use; three measurably lowers
+the false-positive rate (docs/measures.md)."""
 
 
 def ablation_faults(row: str, mode: str, step: int, interval: int, nproc: int) -> list[str]:
@@ -50,21 +55,40 @@ def plan_jobs(
     ablation_modes: list[str] | None = None,
     fault_step: int = 13,
     interval: int = 5,
+    repeats: int = DEFAULT_REPEATS,
+    group: str = "",
     nnodes: int = 1,
 ) -> list[JobSpec]:
-    """`nproc` ranks on each of `nnodes` nodes for every job (multi-node jobs: runner.py)."""
-    jobs = [
-        JobSpec("reference", config, overrides, nproc, nnodes=nnodes),
-        JobSpec("floor", config, overrides, nproc, nnodes=nnodes),
-    ]
+    """The jobs of one group; a group's job names start with `<group>-` (none for the main group).
+    Every job runs `nproc` ranks on each of `nnodes` nodes (multi-node jobs: runner.py)."""
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1 (the floor needs a same-seed repeat), got {repeats}")
+    prefix = f"{group}-" if group else ""
+
+    def job(
+        name: str, role: str, extra: list[str] | None = None, cell: list[str] | None = None, **kw: str
+    ) -> JobSpec:
+        return JobSpec(
+            prefix + name,
+            config,
+            overrides + (extra or []),
+            nproc,
+            cell or [],
+            role=role,
+            group=group,
+            nnodes=nnodes,
+            **kw,
+        )
+
+    jobs = [job("reference", "reference")]
+    jobs += [job(f"floor-{k}", "floor") for k in range(1, repeats + 1)]
     if faults:
-        jobs.append(JobSpec("faulted", config, overrides, nproc, faults, nnodes=nnodes))
+        jobs.append(job("faulted", "faulted", cell=faults))
     if ablation:
         for row in ablation_rows or list(ABLATION_ROWS):
             for mode in ablation_modes or list(ABLATION_MODES):
                 cell = ablation_faults(row, mode, fault_step, interval, nproc * nnodes)
-                row_overrides = overrides + ABLATION_ROWS[row]
                 jobs.append(
-                    JobSpec(f"ablation-{row}-{mode}", config, row_overrides, nproc, cell, nnodes=nnodes)
+                    job(f"ablation-{row}-{mode}", "ablation", ABLATION_ROWS[row], cell, row=row, mode=mode)
                 )
     return jobs

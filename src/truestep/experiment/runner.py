@@ -21,6 +21,9 @@ from truestep.config.load import load_config
 from truestep.core.errors import NO_REQUEUE, ExitCode
 from truestep.core.names import ENV_FAULTS, ENV_JOB_GENERATION, ENV_JOB_START, METRICS_FILE
 
+GROUP_NOTES = "groups"
+"""experiment.json key: group name -> the note the report shows for it."""
+
 
 @dataclass
 class JobSpec:
@@ -29,6 +32,14 @@ class JobSpec:
     overrides: list[str]
     nproc: int
     faults: list[str] = field(default_factory=list)
+    role: str = "run"
+    """reference, floor, faulted or ablation: how the summary treats the run."""
+    group: str = ""
+    """Runs of one group share a reference and floor (experiment/plan.py)."""
+    row: str = ""
+    """Ablation row (the mechanism switched off), for role ablation."""
+    mode: str = ""
+    """Ablation mode (graceful or hard), for role ablation."""
     max_restarts: int = 4
     max_requeues: int = 4
     requeue_delay_s: float = 1.0
@@ -97,10 +108,15 @@ def _run_nodes(
     return next((code for code in codes if code != 0), 1)
 
 
-def run_plan(out: Path, jobs: list[JobSpec], progress: bool = True) -> None:
+def run_plan(
+    out: Path, jobs: list[JobSpec], progress: bool = True, notes: dict[str, str] | None = None
+) -> None:
+    """Run every job into OUT/runs/<name>; `notes`: group name -> what sets the group apart (the report
+    shows it)."""
     out.mkdir(parents=True, exist_ok=True)
     (out / "logs").mkdir(exist_ok=True)
-    (out / "experiment.json").write_text(json.dumps({"jobs": [asdict(j) for j in jobs]}, indent=1))
+    plan = {"jobs": [asdict(j) for j in jobs], GROUP_NOTES: dict(notes or {})}
+    (out / "experiment.json").write_text(json.dumps(plan, indent=1))
     for index, job in enumerate(jobs, 1):
         run_dir = out / "runs" / job.name
         if (run_dir / METRICS_FILE).exists():

@@ -41,6 +41,7 @@ from truestep.parallel.dist import DistContext
 from truestep.parallel.grad_norm import clip_grad_norm
 from truestep.parallel.parallelize import parallelize
 from truestep.telemetry.run_logs import RunLogs
+from truestep.train.emulation import GradientNoise, RestoreError
 from truestep.train.optimizer import build_optimizer, set_lr
 from truestep.train.rng import capture_rng, restore_rng, seed_streams
 from truestep.train.schedule import lr_at
@@ -113,6 +114,11 @@ class Trainer:
         seed_streams(cfg.train.seed, ctx.dp_rank, step=0)
         self.tokens_per_step = cfg.train.global_batch_size * cfg.data.seq_len
         self.trajectory_keys = trajectory_keys(cfg)
+        t = cfg.train
+        self.gradient_noise = (
+            GradientNoise(t.emulate_nondeterminism, ctx) if t.emulate_nondeterminism else None
+        )
+        self.restore_error = RestoreError(t.emulate_restore_error, ctx) if t.emulate_restore_error else None
 
     def log_start(self) -> None:
         if self.ctx.is_main:
@@ -153,6 +159,8 @@ class Trainer:
                 loss = loss * float("nan")
             (loss / count).backward()
             local_loss += loss.detach()
+        if self.gradient_noise is not None:
+            self.gradient_noise.perturb(self.params, self.state.step)
         grad_norm = clip_grad_norm(self.params, self.cfg.train.grad_clip, self.ctx)
         global_loss = local_loss / count
         if self.ctx.distributed and self.ctx.dp > 1:
@@ -183,6 +191,8 @@ class Trainer:
         set_model_state_dict(self.model, state["model"])
         if "optim" in state:
             set_optimizer_state_dict(self.model, self.optimizer, state["optim"])
+        if self.restore_error is not None:
+            self.restore_error.perturb(self.params)
 
     def rank_state(self) -> RankState:
         return RankState(asdict(self.state), self.loader.state_dict(), capture_rng())

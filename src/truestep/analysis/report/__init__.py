@@ -1,22 +1,23 @@
 """The experiment report: OUT/report.md, a self-contained OUT/report.html and OUT/plots/*.png, all drawn
-from summary.json (experiment/plan.py `summarize`) and the run directories.
+from the typed ExperimentSummary (analysis/summary.py; experiment/summary.py `summarize` makes it).
 
 The report is built once as a list of blocks (heading, paragraph, table, image) and rendered twice, so
 the Markdown and the HTML always say the same thing. The HTML embeds its images as data URIs and its
-CSS inline: it can be mailed or archived as one file.
+CSS inline: it can be mailed or archived as one file. Verdicts are decided in analysis/verdict.py and only
+worded here.
 
 `render_run_text` is the same content for one run as compact text, for the CLI.
 
-Modules: format (numbers, orders, labels), verdict, blocks (the block model), sections (per-run and
-ablation sections), document (the whole report), markdown and html (renderers), figures (which plots go
-where), plots (the matplotlib figures, imported only when a report is made), text (the CLI text) and
-write (`write_report`).
+Modules: format (numbers, orders, labels), opening (the verdict paragraph), blocks (the block model),
+sections (floor, per-run and ablation sections), document (the whole report), markdown and html
+(renderers), figures (which plots go where), plots (the matplotlib figures, imported only when a report
+is made), text (the CLI text) and write (`write_report`).
 """
 
 from __future__ import annotations
 
 from truestep.analysis.report.blocks import Block, Heading, Image, Para, Table
-from truestep.analysis.report.document import build_blocks
+from truestep.analysis.report.document import Figures, build_blocks
 from truestep.analysis.report.figures import make_plots
 from truestep.analysis.report.format import (
     BADPUT_ORDER,
@@ -30,8 +31,8 @@ from truestep.analysis.report.format import (
 )
 from truestep.analysis.report.html import render_html
 from truestep.analysis.report.markdown import render_markdown
+from truestep.analysis.report.opening import verdict_paragraph
 from truestep.analysis.report.text import TEXT_SECTIONS, render_run_text
-from truestep.analysis.report.verdict import run_verdict, verdict_paragraph
 from truestep.analysis.report.write import write_report
 
 __all__ = [
@@ -40,6 +41,7 @@ __all__ = [
     "PHASE_LABELS",
     "TEXT_SECTIONS",
     "Block",
+    "Figures",
     "Heading",
     "Image",
     "Para",
@@ -54,7 +56,6 @@ __all__ = [
     "render_html",
     "render_markdown",
     "render_run_text",
-    "run_verdict",
     "verdict_paragraph",
     "write_report",
 ]

@@ -1,127 +1,119 @@
-"""The whole report as one list of blocks: verdict, floor, the runs table, each run's sections,
-checkpoint overhead, ablation and notes, with the figures placed where they belong."""
+"""The whole report as one list of blocks: verdict, then per group the floor, the runs table, each run's
+sections and the ablation matrix, then checkpoint overhead and notes, with the figures placed where they
+belong. The first group is reported in full; further groups (the demo's emulated nonzero floor) get a
+compact section: floor, envelope figure, runs table and ablation."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-from truestep.analysis.report.blocks import Block, Heading, Para, Table, kv_table
-from truestep.analysis.report.format import finite, fmt_dev, fmt_pct, fmt_rate, fmt_seconds, fmt_step
+from truestep.analysis.report.blocks import Block, Heading, Image, Para, Table
+from truestep.analysis.report.format import fmt_pct, fmt_rate, fmt_seconds, fmt_step
+from truestep.analysis.report.opening import verdict_paragraph
 from truestep.analysis.report.sections import (
     ablation_blocks,
     checkpoint_row,
     fidelity_blocks,
+    floor_blocks,
     goodput_blocks,
     mttr_blocks,
 )
-from truestep.analysis.report.verdict import mean_mttr, run_verdict, verdict_paragraph
+from truestep.analysis.summary import ExperimentSummary, GroupSummary, RunAnalysis
+
+FLOOR_TEXT = (
+    "The floor is how far failure-free runs with the same seed (the repeats) land from the reference: the "
+    "noise the platform itself makes. Every observable (|Δloss| and |Δgrad norm| per step, parameter "
+    "digests, distances of parameters and optimizer moments at checkpoint steps) has its own envelope, the "
+    "largest value any repeat showed up to that step, and a threshold calibrated by leave-one-out over the "
+    "repeats (docs/measures.md)."
+)
 
 
-def ordered_runs(summary: dict[str, Any]) -> list[str]:
-    names = list(summary.get("runs", {}))
-    first = [n for n in ("reference", "floor", "faulted") if n in names]
-    ablation = [c["run"] for c in summary.get("ablation") or [] if c.get("run") in names]
-    return (
-        first
-        + [n for n in names if n.startswith("ablation-") and n not in ablation]
-        + ablation
-        + [n for n in names if n not in first and not n.startswith("ablation-")]
+@dataclass
+class Figures:
+    """make_plots' result: the images placed in the report, and notes on plots that failed."""
+
+    runs: dict[str, list[Image]] = field(default_factory=dict)
+    floors: dict[str, list[Image]] = field(default_factory=dict)
+    """Group name -> the floor figures (envelope, state distances)."""
+    ablation: dict[str, list[Image]] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+
+def ordered_runs(group: GroupSummary) -> list[RunAnalysis]:
+    rank = {"reference": 0, "floor": 1, "faulted": 2, "run": 3, "ablation": 4}
+    cells = {c.run: i for i, c in enumerate(group.cells)}
+    return sorted(group.runs.values(), key=lambda r: (rank.get(r.role, 3), cells.get(r.name, 0)))
+
+
+def runs_table(group: GroupSummary) -> Table:
+    return Table(
+        ["run", "faults", "resumes", "verdict", "first divergent", "first violation", "bitwise"]
+        + ["plain goodput", "correct goodput", "mean MTTR"],
+        [
+            [
+                f"`{r.name}`",
+                str(len(r.faults)),
+                str(r.resumes),
+                r.verdict.label if r.role != "reference" else "reference",
+                fmt_step(r.comparison.first_divergent_step if r.comparison else None),
+                fmt_step(r.verdict.first_violation_step),
+                fmt_pct(r.comparison.fraction_bitwise_equal if r.comparison else None),
+                fmt_rate(r.goodput.plain_tokens_per_s),
+                fmt_rate(r.goodput.correct_tokens_per_s),
+                fmt_seconds(r.mean_mttr_s),
+            ]
+            for r in ordered_runs(group)
+        ],
     )
 
 
-def build_blocks(summary: dict[str, Any], images: dict[str, list[Any]], out: Path) -> list[Block]:
-    """The whole report; `images` is make_plots' result (run name -> [Image], 'floor-band', 'ablation',
-    'notes')."""
-    runs = summary.get("runs", {})
-    floor = summary.get("floor") or {}
-    margin = summary.get("margin", 2.0)
+def run_section(run: RunAnalysis, group: GroupSummary, figures: Figures) -> list[Block]:
+    blocks: list[Block] = [Heading(3, f"Run `{run.name}`")]
+    text = f"Directory `{run.path}`. "
+    text += f"Faults: {', '.join(f'`{f}`' for f in run.faults)}. " if run.faults else "No faults injected. "
+    text += f"Resumes: {run.resumes}. "
+    if run.role == "reference":
+        text += "This is the reference every other run is compared with."
+    elif run.role == "floor":
+        text += f"Same seed, no faults: one of the repeats the floor is made of ({run.verdict.label})."
+    else:
+        text += f"Verdict: **{run.verdict.label}**."
+    blocks.append(Para(text))
+    blocks += fidelity_blocks(run, group.floor)
+    blocks += goodput_blocks(run)
+    blocks += mttr_blocks(run)
+    return blocks + figures.runs.get(run.name, [])
+
+
+def group_blocks(group: GroupSummary, figures: Figures, full: bool) -> list[Block]:
+    title = "Floor" if not group.name else f"{group.name.capitalize()}: {group.note}"
+    blocks: list[Block] = [Heading(2, title)]
+    if group.name:
+        blocks.append(Para(f"Verdict of this group: **{group.verdict.head}**."))
+    blocks += [Para(FLOOR_TEXT), *floor_blocks(group.floor), *figures.floors.get(group.name, [])]
+    blocks += [Heading(3 if group.name else 2, "Runs"), runs_table(group)]
+    if full:
+        for run in ordered_runs(group):
+            blocks += run_section(run, group, figures)
+    if group.cells:
+        blocks += [Heading(3 if group.name else 2, "Ablation"), *ablation_blocks(group)]
+        blocks += figures.ablation.get(group.name, [])
+    return blocks
+
+
+def build_blocks(summary: ExperimentSummary, figures: Figures, out: Path) -> list[Block]:
+    main, *others = summary.groups
     blocks: list[Block] = [
         Heading(1, "truestep experiment report"),
         Para(f"Experiment directory: `{out}`"),
         Heading(2, "Verdict"),
         Para(verdict_paragraph(summary)),
-        Heading(2, "Floor"),
-        Para(
-            "The floor is the deviation between two failure-free runs with the same seed (reference and floor): "
-            "the noise the platform itself makes. A step is correct while |Δloss| ≤ margin × floor and "
-            "|Δgrad norm| ≤ margin × floor."
-            + (
-                " Here the floor is exactly zero: correct means bitwise equal."
-                if floor.get("bitwise")
-                else ""
-            )
-        ),
-        kv_table(
-            [
-                ("max |Δloss| (floor)", fmt_dev(floor.get("max_dloss"))),
-                ("max |Δgrad norm| (floor)", fmt_dev(floor.get("max_dgrad_norm"))),
-                ("bitwise identical", "yes" if floor.get("bitwise") else "no"),
-                ("margin", f"{margin:g}"),
-                (
-                    "threshold |Δloss|",
-                    fmt_dev(margin * floor["max_dloss"]) if finite(floor.get("max_dloss")) else "—",
-                ),
-                (
-                    "threshold |Δgrad norm|",
-                    fmt_dev(margin * floor["max_dgrad_norm"]) if finite(floor.get("max_dgrad_norm")) else "—",
-                ),
-            ]
-        ),
     ]
-    blocks += images.get("floor-band", [])
-    order = ordered_runs(summary)
-    blocks += [Heading(2, "Runs")]
-    blocks.append(
-        Table(
-            [
-                "run",
-                "faults",
-                "resumes",
-                "verdict",
-                "first divergent",
-                "first violation",
-                "bitwise",
-                "plain goodput",
-                "correct goodput",
-                "mean MTTR",
-            ],
-            [
-                [
-                    f"`{name}`",
-                    str(len(runs[name].get("faults") or [])),
-                    str(runs[name].get("restarts", 0)),
-                    run_verdict(runs[name]),
-                    fmt_step((runs[name].get("fidelity") or {}).get("first_divergent_step")),
-                    fmt_step(runs[name].get("first_violation_step")),
-                    fmt_pct((runs[name].get("fidelity") or {}).get("fraction_bitwise_equal")),
-                    fmt_rate((runs[name].get("goodput") or {}).get("plain_tokens_per_s")),
-                    fmt_rate((runs[name].get("goodput") or {}).get("correct_tokens_per_s")),
-                    fmt_seconds(mean_mttr(runs[name])),
-                ]
-                for name in order
-            ],
-        )
-    )
-    for name in order:
-        analysis = runs[name]
-        blocks.append(Heading(3, f"Run `{name}`"))
-        faults = analysis.get("faults") or []
-        text = f"Directory `{analysis.get('path', '')}`. "
-        text += f"Faults: {', '.join(f'`{f}`' for f in faults)}. " if faults else "No faults injected. "
-        text += f"Resumes: {analysis.get('restarts', 0)}. "
-        if name == "reference":
-            text += "This is the reference every other run is compared with."
-        elif name == "floor":
-            text += "Same seed, no faults: its deviation from the reference is the floor."
-        else:
-            text += f"Verdict: **{run_verdict(analysis)}**."
-        blocks.append(Para(text))
-        if name != "reference":
-            blocks += fidelity_blocks(analysis, margin, floor)
-        blocks += goodput_blocks(analysis)
-        blocks += mttr_blocks(analysis)
-        blocks += images.get(name, [])
+    blocks += group_blocks(main, figures, full=True)
+    for group in others:
+        blocks += group_blocks(group, figures, full=False)
     blocks += [
         Heading(2, "Checkpoint overhead"),
         Para(
@@ -129,14 +121,9 @@ def build_blocks(summary: dict[str, Any], images: dict[str, list[Any]], out: Pat
         ),
         Table(
             ["run", "saves", "mean blocking", "share of training time"],
-            [checkpoint_row(n, runs[n]) for n in order],
+            [checkpoint_row(r) for g in summary.groups for r in ordered_runs(g)],
         ),
     ]
-    cells = summary.get("ablation") or []
-    if cells:
-        blocks += ablation_blocks(cells)
-        blocks += images.get("ablation", [])
-    notes = images.get("notes")
-    if notes:
-        blocks += [Heading(2, "Notes"), Para("; ".join(str(n) for n in notes))]
+    if figures.notes:
+        blocks += [Heading(2, "Notes"), Para("; ".join(figures.notes))]
     return blocks

@@ -1,103 +1,130 @@
 """The report's figures for a whole experiment: which plot is drawn for which run, into OUT/plots/, and
-the Image blocks that place them in the report. A figure that fails becomes a note, never a failed report.
+the Image blocks that place them. A figure that fails becomes a note, never a failed report.
 """
 
 from __future__ import annotations
 
 import re
 import warnings
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from truestep.analysis.report.blocks import Image
-from truestep.analysis.report.document import ordered_runs
-from truestep.analysis.report.format import finite
-from truestep.analysis.runlog import RunLog
-from truestep.core.names import METRICS_FILE
+from truestep.analysis.report.document import Figures, ordered_runs
+from truestep.analysis.runlog import RunLog, RunLogError
+from truestep.analysis.summary import ExperimentSummary, GroupSummary
 
-
-def _run_dir(out: Path, name: str, analysis: dict[str, Any]) -> Path | None:
-    for candidate in (out / "runs" / name, Path(analysis.get("path", ""))):
-        if (candidate / METRICS_FILE).is_file():
-            return candidate
-    return None
+MAX_RUNS_ON_ENVELOPE = 8
 
 
 def _safe(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", name)
 
 
-def make_plots(out: Path, summary: dict[str, Any]) -> dict[str, list[Any]]:
-    """Write OUT/plots/*.png; returns run name -> [Image], plus 'ablation', 'floor-band' and
-    'notes' (plots that could not be drawn, and why)."""
+def _attempt(figures: Figures, into: list[Image], caption: str, draw: Callable[[], Path]) -> None:
+    try:
+        into.append(Image(caption, draw()))
+    except Exception as err:  # a figure must never cost the whole report; the note says what failed
+        warnings.warn(f"plot '{caption}' failed: {err!r}", stacklevel=2)
+        figures.notes.append(f"plot '{caption}' failed: {type(err).__name__}: {err}")
+
+
+def _group_plots(group: GroupSummary, plot_dir: Path, figures: Figures, full: bool) -> None:
     from truestep.analysis.report import plots  # matplotlib is imported only when a report is made
 
+    stem = _safe(group.name or "main")
+    judged = [
+        (r.name, r.comparison, r.verdict)
+        for r in ordered_runs(group)
+        if r.comparison is not None and r.role not in ("reference", "floor")
+    ][:MAX_RUNS_ON_ENVELOPE]
+    floor_images = figures.floors.setdefault(group.name, [])
+    _attempt(
+        figures,
+        floor_images,
+        "The floor as judged: the repeats' |Δloss| from the reference (grey), their running-max envelope, "
+        "the calibrated threshold (green band) and the runs (X: a loss violation)",
+        lambda: plots.plot_envelope(
+            group.floor, judged, plot_dir / f"envelope-{stem}.png", f"floor envelope: {group.name or 'main'}"
+        ),
+    )
+    if any(c.state for _, c, _ in judged) or any(c.state for c in group.floor.comparisons):
+        _attempt(
+            figures,
+            floor_images,
+            "Parameter and optimizer-state distances from the reference at checkpoint steps: repeats (grey) and runs",
+            lambda: plots.plot_state(
+                group.floor,
+                judged,
+                plot_dir / f"state-{stem}.png",
+                f"state distances: {group.name or 'main'}",
+            ),
+        )
+    if group.cells:
+        _attempt(
+            figures,
+            figures.ablation.setdefault(group.name, []),
+            "Ablation: plain vs correct goodput per cell (flagged cells marked)",
+            lambda: plots.plot_ablation(group, plot_dir / f"ablation-{stem}.png"),
+        )
+    if not full:
+        return
+    try:
+        ref_log = RunLog.load(group.runs[group.reference].path)
+    except RunLogError as err:
+        figures.notes.append(f"no loss plots: {err}")
+        ref_log = None
+    for run in ordered_runs(group):
+        if run.role in ("reference", "floor"):
+            continue
+        images = figures.runs.setdefault(run.name, [])
+        stem = _safe(run.name)
+        try:
+            log = RunLog.load(run.path)
+        except RunLogError as err:
+            figures.notes.append(f"no plots for `{run.name}`: {err}")
+            continue
+        if ref_log is not None:
+            _attempt(
+                figures,
+                images,
+                f"Loss of `{run.name}` against the reference (faint x: steps later redone)",
+                lambda log=log, stem=stem, name=run.name: plots.plot_loss(
+                    ref_log, log, plot_dir / f"loss-{stem}.png", f"loss: {name} vs reference"
+                ),
+            )
+        if run.comparison is not None:
+            _attempt(
+                figures,
+                images,
+                f"|Δloss| of `{run.name}` against the reference, with the floor threshold (0 = bitwise equal)",
+                lambda run=run, log=log, stem=stem: plots.plot_deviation(
+                    run.comparison,
+                    group.floor,
+                    run.verdict,
+                    [w.resumed_at for w in run.comparison.windows],
+                    plot_dir / f"deviation-{stem}.png",
+                    f"deviation from the reference: {run.name}",
+                ),
+            )
+        faults = [
+            (e["time"], f"{e.get('kind', 'fault')}@{e.get('step')}") for e in log.named("fault_injected")
+        ]
+        _attempt(
+            figures,
+            images,
+            f"Wall-clock timeline of `{run.name}` (the spans the badput table sums)",
+            lambda run=run, faults=faults, stem=stem: plots.plot_timeline(
+                run.goodput, faults, plot_dir / f"timeline-{stem}.png", f"timeline: {run.name}"
+            ),
+        )
+
+
+def make_plots(out: Path, summary: ExperimentSummary) -> Figures:
+    """Write OUT/plots/*.png; the first group gets every figure, further groups their floor and ablation."""
     plot_dir = out / "plots"
     plot_dir.mkdir(parents=True, exist_ok=True)
-    runs = summary.get("runs", {})
-    floor = summary.get("floor") or {}
-    margin = summary.get("margin", 2.0)
-    floor_value = floor.get("max_dloss") if finite(floor.get("max_dloss")) else 0.0
-    images: dict[str, list[Any]] = {"notes": []}
-    logs: dict[str, RunLog] = {}
-    for name, analysis in runs.items():
-        where = _run_dir(out, name, analysis)
-        if where is None:
-            images["notes"].append(f"run directory of `{name}` not found: no plots for it")
-            continue
-        logs[name] = RunLog.load(where)
-    ref = logs.get("reference")
-
-    def attempt(key: str, caption: str, draw: Any) -> None:
-        try:
-            images.setdefault(key, []).append(Image(caption, draw()))
-        except Exception as err:  # a figure must never cost the whole report
-            warnings.warn(f"plot '{caption}' failed: {err!r}", stacklevel=2)
-            images["notes"].append(f"plot '{caption}' failed: {type(err).__name__}: {err}")
-
-    for name in ordered_runs(summary):
-        run, analysis = logs.get(name), runs[name]
-        if run is None or name == "reference":
-            continue
-        fid = analysis.get("fidelity") or {}
-        violation = analysis.get("first_violation_step")
-        stem = _safe(name)
-        if ref is not None:
-            key = "floor-band" if name == "floor" else name
-            if name != "floor":
-                attempt(
-                    key,
-                    f"Loss of `{name}` against the reference (faint x: steps later redone)",
-                    lambda run=run, stem=stem, name=name: plots.plot_loss(
-                        ref, run, plot_dir / f"loss-{stem}.png", f"loss: {name} vs reference"
-                    ),
-                )
-            attempt(
-                key,
-                f"|Δloss| of `{name}` against the reference (0 = bitwise equal, drawn at the bottom)",
-                lambda run=run, stem=stem, name=name, violation=violation, fid=fid: plots.plot_deviation(
-                    ref,
-                    run,
-                    floor_value,
-                    margin,
-                    plot_dir / f"deviation-{stem}.png",
-                    title=f"deviation from the reference: {name}",
-                    violation=violation,
-                    divergent=fid.get("first_divergent_step"),
-                ),
-            )
-        if name != "floor":
-            attempt(
-                name,
-                f"Wall-clock timeline of `{name}`",
-                lambda run=run, stem=stem, name=name, violation=violation: plots.plot_timeline(
-                    run, plot_dir / f"timeline-{stem}.png", violation=violation, title=f"timeline: {name}"
-                ),
-            )
-    if summary.get("ablation"):
-        attempt(
-            "ablation",
-            "Ablation: plain vs correct goodput per cell (flagged cells marked)",
-            lambda: plots.plot_ablation(summary, plot_dir / "ablation.png"),
-        )
-    return images
+    figures = Figures()
+    for index, group in enumerate(summary.groups):
+        _group_plots(group, plot_dir, figures, full=index == 0)
+    return figures

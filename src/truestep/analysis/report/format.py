@@ -9,18 +9,14 @@ from __future__ import annotations
 import math
 from typing import Any
 
-BADPUT_ORDER = (
-    "startup",
-    "checkpoint_blocking",
-    "restore",
-    "lost_work",
-    "detection",
-    "teardown",
-    "requeue_wait",
-    "after_violation",
-    "other",
-)
-PHASES = ("detect", "teardown", "relaunch", "restore", "first_step")
+from truestep.analysis.goodput import BUCKETS
+from truestep.analysis.mttr import PHASES
+
+__all__ = ["BADPUT_ORDER", "PHASES", "PHASE_LABELS", "finite", "fmt_dev", "fmt_pct", "fmt_rate"]
+__all__ += ["fmt_seconds", "fmt_step", "plural"]
+
+BADPUT_ORDER = (*BUCKETS, "other")
+"""The badput table's rows: the analysis's buckets, then the remainder."""
 PHASE_LABELS = {
     "detect": "detect",
     "teardown": "teardown",

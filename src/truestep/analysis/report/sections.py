@@ -1,10 +1,10 @@
-"""The per-run sections of the report (fidelity, goodput and badput, time to recovery, checkpoint
-overhead) and the ablation section, each as a list of blocks."""
+"""The report's sections as lists of blocks: the floor, one run's fidelity, goodput and badput, time to
+recovery, checkpoint overhead, and the ablation matrix. Every value comes from the typed results of
+analysis/summary.py; nothing is recomputed here."""
 
 from __future__ import annotations
 
-from typing import Any
-
+from truestep.analysis.floor import LOSS, FloorModel
 from truestep.analysis.report.blocks import Block, Heading, Para, Table, kv_table
 from truestep.analysis.report.format import (
     BADPUT_ORDER,
@@ -15,39 +15,69 @@ from truestep.analysis.report.format import (
     fmt_seconds,
     fmt_step,
 )
-from truestep.analysis.report.verdict import digest_text, run_verdict
+from truestep.analysis.summary import GroupSummary, RunAnalysis
+
+TOP_TENSORS = 5
 
 
-def fidelity_blocks(analysis: dict[str, Any], margin: float, floor: dict[str, Any]) -> list[Block]:
-    fid = analysis.get("fidelity")
-    if fid is None:
-        return []
-    missing = fid.get("missing_steps") or []
-    compared = fid.get("steps_compared", 0)
+def floor_blocks(floor: FloorModel) -> list[Block]:
     rows = [
-        ("verdict", run_verdict(analysis)),
+        ("source", f"{floor.source}, {len(floor.repeats)} repeat(s)"),
+        ("bitwise identical", "yes" if floor.bitwise else "no"),
+        ("max |Δloss| of any repeat", fmt_dev(floor.max_dloss)),
+        ("max |Δgrad norm| of any repeat", fmt_dev(floor.max_dgrad_norm)),
+        ("margin", f"{floor.margin:g}"),
+        ("checkpoint steps with state distances", ", ".join(map(str, floor.state_steps)) or "none"),
+    ]
+    blocks: list[Block] = [kv_table(rows)]
+    if floor.bitwise:
+        return blocks
+    header = ["observable", "threshold τ", "leave-one-out statistics", "envelope at the first / last step"]
+    table = []
+    for family in floor.families.values():
+        env = family.envelope
+        if not env.steps:
+            continue
+        loo = ", ".join(f"{x:.3g}" for x in family.loo) if family.calibrated else "— (one repeat)"
+        table.append(
+            [family.family, f"{family.tau:.3g}", loo, f"{fmt_dev(env.values[0])} / {fmt_dev(env.values[-1])}"]
+        )
+    blocks.append(Table(header, table))
+    return blocks
+
+
+def fidelity_blocks(run: RunAnalysis, floor: FloorModel) -> list[Block]:
+    c, v = run.comparison, run.verdict
+    if c is None:
+        return []
+    compared = c.steps_compared
+    missing = len(c.missing_steps)
+    violation = v.violation
+    rows = [
+        ("verdict", v.label),
         (
             "steps compared",
-            f"{compared} of {compared + len(missing)}" + (f" ({len(missing)} missing)" if missing else ""),
+            f"{compared} of {compared + missing}" + (f" ({missing} missing)" if missing else ""),
         ),
-        ("first divergent step (bitwise)", fmt_step(fid.get("first_divergent_step"))),
-        (f"first violation ({margin:g} × floor)", fmt_step(analysis.get("first_violation_step"))),
-        ("fraction bitwise equal", fmt_pct(fid.get("fraction_bitwise_equal"))),
-        ("max |Δloss|", fmt_dev(fid.get("max_dloss"))),
-        ("mean |Δloss|", fmt_dev(fid.get("mean_dloss"))),
-        ("max |Δgrad norm|", fmt_dev(fid.get("max_dgrad_norm"))),
-        ("parameter digests", digest_text(fid)),
-        ("layout changed on resume", "yes" if fid.get("layout_changed") else "no"),
+        ("steps the reference lacks (unverifiable)", str(len(c.unverifiable_steps))),
+        ("first bitwise difference", fmt_step(c.first_divergent_step)),
         (
-            "floor",
-            f"{analysis.get('floor_source', 'measured')}, bitwise"
-            if floor.get("bitwise")
-            else analysis.get("floor_source", "measured"),
+            "first violation",
+            "—"
+            if violation is None
+            else f"step {violation.step}: {violation.observable} {fmt_dev(violation.value)} > {fmt_dev(violation.threshold)}",
         ),
+        ("fraction bitwise equal", fmt_pct(c.fraction_bitwise_equal)),
+        ("max |Δloss|", fmt_dev(c.max_dloss)),
+        ("mean |Δloss|", fmt_dev(c.mean_dloss)),
+        ("max |Δgrad norm|", fmt_dev(c.max_dgrad_norm)),
+        ("parameter digests", digest_text(run)),
+        ("layout changed on resume", "yes" if c.layout_changed else "no"),
+        ("config differs from the reference's", "YES" if c.config_differs else "no"),
+        ("floor", f"{floor.source}, {'bitwise' if floor.bitwise else 'nonzero'}"),
     ]
     blocks: list[Block] = [Heading(4, "Fidelity"), kv_table(rows)]
-    windows = fid.get("windows") or []
-    if windows:
+    if c.windows:
         blocks.append(Para("Per resume window (the steps computed by the attempt that resumed):"))
         blocks.append(
             Table(
@@ -61,70 +91,100 @@ def fidelity_blocks(analysis: dict[str, Any], margin: float, floor: dict[str, An
                 ],
                 [
                     [
-                        str(w.get("resumed_at")),
-                        str(w.get("steps")),
-                        fmt_dev(w.get("max_dloss")),
-                        fmt_dev(w.get("mean_dloss")),
-                        fmt_dev(w.get("max_dgrad_norm")),
-                        "yes" if w.get("layout_changed") else "no",
+                        str(w.resumed_at),
+                        str(w.steps),
+                        fmt_dev(w.max_dloss),
+                        fmt_dev(w.mean_dloss),
+                        fmt_dev(w.max_dgrad_norm),
+                        "yes" if w.layout_changed else "no",
                     ]
-                    for w in windows
+                    for w in c.windows
                 ],
             )
         )
+    if c.state:
+        blocks += state_blocks(run, floor)
     return blocks
 
 
-def goodput_blocks(analysis: dict[str, Any]) -> list[Block]:
-    gp = analysis.get("goodput")
-    if not gp:
-        return []
-    plain, correct = gp.get("plain_tokens_per_s") or 0.0, gp.get("correct_tokens_per_s") or 0.0
+def digest_text(run: RunAnalysis) -> str:
+    assert run.comparison is not None
+    digests = run.comparison.digests
+    if not digests:
+        return "none logged at a common step"
+    bad = sorted(s for s, ok in digests.items() if not ok)
+    text = f"{len(digests) - len(bad)}/{len(digests)} equal"
+    return text + (f" (differ at step {', '.join(map(str, bad))})" if bad else "")
+
+
+def state_blocks(run: RunAnalysis, floor: FloorModel) -> list[Block]:
+    assert run.comparison is not None
+    kinds = sorted({k for d in run.comparison.state for k in d.totals})
+    rows = []
+    for d in run.comparison.state:
+        cells = []
+        for kind in kinds:
+            family = floor.families.get(kind)
+            env = family.envelope.at(d.step) if family else None
+            limit = (
+                "" if floor.bitwise or env is None or family is None else f" (≤ {fmt_dev(family.tau * env)})"
+            )
+            cells.append(fmt_dev(d.totals.get(kind)) + limit)
+        top = sorted(d.tensors.items(), key=lambda kv: -kv[1])[:TOP_TENSORS]
+        rows.append([str(d.step), *cells, ", ".join(f"`{k}` {fmt_dev(x)}" for k, x in top if x)])
+    return [
+        Para(
+            "Distances of parameters and optimizer state from the reference's at each common checkpoint step "
+            "(L2 over every tensor of a kind; in parentheses the floor's limit), and the tensors that moved most:"
+        ),
+        Table(["step", *kinds, "largest per-tensor distances"], rows),
+    ]
+
+
+def goodput_blocks(run: RunAnalysis) -> list[Block]:
+    gp = run.goodput
+    plain, correct = gp.plain_tokens_per_s, gp.correct_tokens_per_s
     rows = [
-        ("wall clock (all attempts)", fmt_seconds(gp.get("wall_s"))),
-        ("steps (correct / final trajectory)", f"{gp.get('correct_steps')} / {gp.get('steps')}"),
-        ("tokens per step", f"{gp.get('tokens_per_step', 0):,}"),
+        ("wall clock (all attempts)", fmt_seconds(gp.wall_s)),
+        ("steps (correct / final trajectory)", f"{gp.correct_steps} / {gp.steps}"),
+        ("unverifiable steps (not counted)", str(gp.unverifiable_steps)),
+        ("tokens per step", f"{gp.tokens_per_step:,}"),
         ("plain goodput", fmt_rate(plain)),
         ("correct goodput", fmt_rate(correct)),
         ("correct / plain", fmt_pct(correct / plain) if plain else "—"),
-        ("useful training time", fmt_seconds(gp.get("useful_s"))),
+        ("useful training time", fmt_seconds(gp.useful_s)),
     ]
-    wall = gp.get("wall_s") or 0.0
-    buckets = gp.get("badput_s") or {}
-    names = [k for k in BADPUT_ORDER if k in buckets] + [k for k in buckets if k not in BADPUT_ORDER]
+    wall = gp.wall_s
+
+    def share(x: float) -> str:
+        return fmt_pct(x / wall) if wall else "—"
+
     bad_rows = [
-        [k.replace("_", " "), fmt_seconds(buckets[k]), fmt_pct(buckets[k] / wall) if wall else "—"]
-        for k in names
+        [k.replace("_", " "), fmt_seconds(gp.badput_s[k]), share(gp.badput_s[k])] for k in BADPUT_ORDER
     ]
-    bad_rows.append(
-        [
-            "useful (kept, correct steps)",
-            fmt_seconds(gp.get("useful_s")),
-            fmt_pct((gp.get("useful_s") or 0) / wall) if wall else "—",
-        ]
-    )
-    total = sum(buckets.values()) + (gp.get("useful_s") or 0.0)
-    bad_rows.append(["**total**", fmt_seconds(total), fmt_pct(total / wall) if wall else "—"])
-    return [
+    bad_rows.append(["useful (kept, correct steps)", fmt_seconds(gp.useful_s), share(gp.useful_s)])
+    total = sum(gp.badput_s.values()) + gp.useful_s
+    bad_rows.append(["**total**", fmt_seconds(total), share(total)])
+    blocks: list[Block] = [
         Heading(4, "Goodput"),
         kv_table(rows),
         Heading(4, "Badput"),
         Table(["bucket", "seconds", "% of wall"], bad_rows),
     ]
+    if gp.inconsistencies:
+        blocks.append(Para("**Accounting inconsistencies:** " + "; ".join(gp.inconsistencies) + "."))
+    return blocks
 
 
-def mttr_blocks(analysis: dict[str, Any]) -> list[Block]:
-    incidents = analysis.get("mttr") or []
-    if not incidents:
+def mttr_blocks(run: RunAnalysis) -> list[Block]:
+    if not run.incidents:
         return []
-    rows = []
-    for n, inc in enumerate(incidents, 1):
-        phases = inc.get("phases_s") or {}
-        rows.append(
-            [str(n), str(inc.get("kind")), str(inc.get("pre_fault_step"))]
-            + [fmt_seconds(phases.get(p)) for p in PHASES]
-            + [fmt_seconds(inc.get("mttr_s")), fmt_seconds(inc.get("regain_s"))]
-        )
+    rows = [
+        [str(n), inc.kind, str(inc.pre_fault_step)]
+        + [fmt_seconds(inc.phases_s[p]) for p in PHASES]
+        + [fmt_seconds(inc.mttr_s), fmt_seconds(inc.regain_s)]
+        for n, inc in enumerate(run.incidents, 1)
+    ]
     return [
         Heading(4, "Time to recovery"),
         Para(
@@ -132,75 +192,67 @@ def mttr_blocks(analysis: dict[str, Any]) -> list[Block]:
             "(MTTR), and fault → the pre-fault step reached again (regain). — = the run never got there."
         ),
         Table(
-            [
-                "#",
-                "kind",
-                "pre-fault step",
-                "detect",
-                "teardown",
-                "relaunch",
-                "start + restore",
-                "first step",
-                "MTTR",
-                "regain",
-            ],
+            ["#", "kind", "pre-fault step", "detect", "teardown", "relaunch", "start + restore", "first step"]
+            + ["MTTR", "regain"],
             rows,
         ),
     ]
 
 
-def checkpoint_row(name: str, analysis: dict[str, Any]) -> list[str]:
-    ck = analysis.get("checkpoint") or {}
+def checkpoint_row(run: RunAnalysis) -> list[str]:
+    ck = run.checkpoint
     return [
-        f"`{name}`",
-        str(ck.get("saves", 0)),
-        fmt_seconds(ck.get("mean_blocking_s")),
-        fmt_pct(ck.get("amortized_blocking_fraction")),
+        f"`{run.name}`",
+        str(ck.saves),
+        fmt_seconds(ck.mean_blocking_s),
+        fmt_pct(ck.amortized_blocking_fraction),
     ]
 
 
-def ablation_blocks(cells: list[dict[str, Any]]) -> list[Block]:
-    rows = list(dict.fromkeys(c["row"] for c in cells))
-    modes = list(dict.fromkeys(c["mode"] for c in cells))
-    by = {(c["row"], c["mode"]): c for c in cells}
+def ablation_blocks(group: GroupSummary) -> list[Block]:
+    cells = group.cells
+    rows = list(dict.fromkeys(c.row for c in cells))
+    modes = list(dict.fromkeys(c.mode for c in cells))
+    by = {(c.row, c.mode): c for c in cells}
 
-    def cell(c: dict[str, Any] | None) -> str:
+    def cell(row: str, mode: str) -> str:
+        c = by.get((row, mode))
         if c is None:
             return "not run"
-        if c.get("flagged"):
-            return f"**FLAGGED** (diverged at {fmt_step(c.get('first_divergent_step'))}, violation at {fmt_step(c.get('first_violation_step'))})"
-        div = c.get("first_divergent_step")
-        return "ok (bitwise)" if div is None else f"ok (within floor; first difference at {div})"
+        if c.flagged:
+            return f"**FLAGGED** ({c.verdict.label})"
+        div = c.verdict.first_divergent_step
+        return f"ok ({c.verdict.label}" + (f"; first difference at {div})" if div is not None else ")")
 
+    detail = []
+    for c in cells:
+        gp = group.runs[c.run].goodput
+        detail.append(
+            [
+                f"`{c.row}`",
+                c.mode,
+                "**yes**" if c.flagged else "no",
+                c.verdict.label,
+                fmt_step(c.verdict.first_divergent_step),
+                fmt_rate(gp.plain_tokens_per_s),
+                fmt_rate(gp.correct_tokens_per_s),
+            ]
+        )
+    loss = group.floor.families[LOSS]
+    rule = (
+        "it differs from the reference in any observable (the floor is bitwise)"
+        if group.floor.bitwise
+        else f"an observable leaves its threshold × the floor envelope (loss: {loss.tau:.3g} ×)"
+    )
     return [
-        Heading(2, "Ablation"),
         Para(
             "Each row switches one recovery mechanism off; each mode recovers from a graceful preemption or a "
-            "hard failure. A cell is flagged when its run leaves the floor band. A correct instrument flags "
-            "the rows whose mechanism matters and never the all-on row."
+            f"hard failure. A cell is flagged when {rule}. A correct instrument flags the rows whose mechanism "
+            "matters and never the all-on row."
         ),
-        Table(["row", *modes], [[f"`{r}`", *[cell(by.get((r, m))) for m in modes]] for r in rows]),
+        Table(["row", *modes], [[f"`{r}`", *[cell(r, m) for m in modes]] for r in rows]),
         Table(
-            [
-                "row",
-                "mode",
-                "flagged",
-                "first divergent",
-                "first violation",
-                "plain goodput",
-                "correct goodput",
-            ],
-            [
-                [
-                    f"`{c['row']}`",
-                    c["mode"],
-                    "**yes**" if c.get("flagged") else "no",
-                    fmt_step(c.get("first_divergent_step")),
-                    fmt_step(c.get("first_violation_step")),
-                    fmt_rate(c.get("plain_tokens_per_s")),
-                    fmt_rate(c.get("correct_tokens_per_s")),
-                ]
-                for c in cells
-            ],
+            ["row", "mode", "flagged", "verdict", "first divergent", "plain goodput", "correct goodput"],
+            detail,
         ),
     ]

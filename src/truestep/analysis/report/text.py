@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
 
 from truestep.analysis.report.format import (
     BADPUT_ORDER,
@@ -16,78 +15,85 @@ from truestep.analysis.report.format import (
     fmt_step,
     plural,
 )
-from truestep.analysis.report.verdict import digest_text, run_verdict
+from truestep.analysis.report.sections import digest_text
+from truestep.analysis.summary import RunAnalysis
 
 TEXT_SECTIONS = ("fidelity", "goodput", "badput", "mttr", "checkpoint")
 
 
-def render_run_text(name: str, analysis: dict[str, Any], sections: Iterable[str] | None = None) -> str:
-    """A compact text block for one run's analysis (summary.json's runs[name]), for the CLI.
+def render_run_text(run: RunAnalysis, sections: Iterable[str] | None = None) -> str:
+    """A compact text block for one run's analysis, for the CLI.
 
     `sections` picks among fidelity, goodput, badput, mttr, checkpoint (default: all that are present)."""
     want = set(TEXT_SECTIONS if sections is None else sections)
     unknown = want - set(TEXT_SECTIONS)
     if unknown:
         raise ValueError(f"unknown sections {sorted(unknown)}; choose from {list(TEXT_SECTIONS)}")
-    faults = analysis.get("faults") or []
     lines = [
-        f"{name}: {run_verdict(analysis)}"
-        + f"  (faults: {'; '.join(faults) if faults else 'none'}; resumes: {analysis.get('restarts', 0)})"
+        f"{run.name}: {run.verdict.label}"
+        + f"  (faults: {'; '.join(run.faults) if run.faults else 'none'}; resumes: {run.resumes})"
     ]
 
     def row(label: str, text: str) -> None:
         lines.append(f"  {label:<11} {text}")
 
-    fid = analysis.get("fidelity")
-    if "fidelity" in want and fid is not None:
-        missing = fid.get("missing_steps") or []
-        compared = fid.get("steps_compared", 0)
+    c, v = run.comparison, run.verdict
+    if "fidelity" in want and c is not None:
+        missing = len(c.missing_steps)
         row(
             "fidelity",
-            f"{compared}/{compared + len(missing)} steps compared, first divergent "
-            f"{fmt_step(fid.get('first_divergent_step'))}, first violation {fmt_step(analysis.get('first_violation_step'))}, "
-            f"{fmt_pct(fid.get('fraction_bitwise_equal'))} bitwise",
+            f"{c.steps_compared}/{c.steps_compared + missing} steps compared, first divergent "
+            f"{fmt_step(c.first_divergent_step)}, first violation {fmt_step(v.first_violation_step)}, "
+            f"{fmt_pct(c.fraction_bitwise_equal)} bitwise, {len(c.unverifiable_steps)} unverifiable",
         )
+        if v.violation is not None:
+            x = v.violation
+            row(
+                "", f"violation: {x.observable} at step {x.step}: {fmt_dev(x.value)} > {fmt_dev(x.threshold)}"
+            )
         row(
             "",
-            f"max |Δloss| {fmt_dev(fid.get('max_dloss'))}, mean |Δloss| {fmt_dev(fid.get('mean_dloss'))}, "
-            f"max |Δgrad norm| {fmt_dev(fid.get('max_dgrad_norm'))}; {digest_text(fid)}"
-            + (f"; floor {analysis['floor_source']}" if analysis.get("floor_source") else ""),
+            f"max |Δloss| {fmt_dev(c.max_dloss)}, mean |Δloss| {fmt_dev(c.mean_dloss)}, "
+            f"max |Δgrad norm| {fmt_dev(c.max_dgrad_norm)}; digests {digest_text(run)}"
+            + ("; CONFIG DIFFERS from the reference's" if c.config_differs else ""),
         )
-        for w in fid.get("windows") or []:
+        for d in c.state:
+            totals = ", ".join(f"{k} {fmt_dev(x)}" for k, x in d.totals.items())
+            row(f"state@{d.step}", totals)
+        for w in c.windows:
             row(
-                f"resume@{w.get('resumed_at')}",
-                f"{w.get('steps')} steps, max |Δloss| {fmt_dev(w.get('max_dloss'))}, "
-                f"max |Δgrad norm| {fmt_dev(w.get('max_dgrad_norm'))}"
-                + (", layout changed" if w.get("layout_changed") else ""),
+                f"resume@{w.resumed_at}",
+                f"{w.steps} steps, max |Δloss| {fmt_dev(w.max_dloss)}, max |Δgrad norm| {fmt_dev(w.max_dgrad_norm)}"
+                + (", layout changed" if w.layout_changed else ""),
             )
-    gp = analysis.get("goodput")
-    if "goodput" in want and gp:
+    gp = run.goodput
+    if "goodput" in want:
         row(
             "goodput",
-            f"plain {fmt_rate(gp.get('plain_tokens_per_s'))}, correct {fmt_rate(gp.get('correct_tokens_per_s'))} "
-            f"({gp.get('correct_steps')}/{gp.get('steps')} steps correct, {gp.get('tokens_per_step', 0):,} tok/step), "
-            f"wall {fmt_seconds(gp.get('wall_s'))}",
+            f"plain {fmt_rate(gp.plain_tokens_per_s)}, correct {fmt_rate(gp.correct_tokens_per_s)} "
+            f"({gp.correct_steps}/{gp.steps} steps correct, {gp.tokens_per_step:,} tok/step), "
+            f"wall {fmt_seconds(gp.wall_s)}",
         )
-    if "badput" in want and gp:
-        buckets = gp.get("badput_s") or {}
-        names = [k for k in BADPUT_ORDER if k in buckets] + [k for k in buckets if k not in BADPUT_ORDER]
-        shown = [f"{k.replace('_', ' ')} {fmt_seconds(buckets[k])}" for k in names if buckets[k]]
-        row("badput", (", ".join(shown) or "none") + f"; useful {fmt_seconds(gp.get('useful_s'))}")
+    if "badput" in want:
+        shown = [
+            f"{k.replace('_', ' ')} {fmt_seconds(gp.badput_s[k])}" for k in BADPUT_ORDER if gp.badput_s[k]
+        ]
+        row("badput", (", ".join(shown) or "none") + f"; useful {fmt_seconds(gp.useful_s)}")
+        for problem in gp.inconsistencies:
+            row("INCONSISTENT", problem)
     if "mttr" in want:
-        for inc in analysis.get("mttr") or []:
-            phases = inc.get("phases_s") or {}
-            parts = " + ".join(f"{PHASE_LABELS[p]} {fmt_seconds(phases.get(p))}" for p in PHASES)
+        for inc in run.incidents:
+            parts = " + ".join(f"{PHASE_LABELS[p]} {fmt_seconds(inc.phases_s[p])}" for p in PHASES)
             row(
                 "mttr",
-                f"{inc.get('kind')} at step {inc.get('pre_fault_step')}: {fmt_seconds(inc.get('mttr_s'))} = {parts}; "
-                f"regained after {fmt_seconds(inc.get('regain_s'))}",
+                f"{inc.kind} at step {inc.pre_fault_step}: {fmt_seconds(inc.mttr_s)} = {parts}; "
+                f"regained after {fmt_seconds(inc.regain_s)}",
             )
-    ck = analysis.get("checkpoint")
-    if "checkpoint" in want and ck:
+    if "checkpoint" in want:
+        ck = run.checkpoint
         row(
             "checkpoint",
-            f"{plural(int(ck.get('saves', 0)), 'save')}, mean blocking {fmt_seconds(ck.get('mean_blocking_s'))}, "
-            f"{fmt_pct(ck.get('amortized_blocking_fraction'))} of training time",
+            f"{plural(ck.saves, 'save')}, mean blocking {fmt_seconds(ck.mean_blocking_s)}, "
+            f"{fmt_pct(ck.amortized_blocking_fraction)} of training time",
         )
     return "\n".join(lines)

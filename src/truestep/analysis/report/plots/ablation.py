@@ -1,18 +1,18 @@
-"""Plain vs correct goodput per ablation cell."""
+"""Plain vs correct goodput per ablation cell, flagged cells marked, from the group's verdicts."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from matplotlib.figure import Figure
 
 from truestep.analysis.report.plots.style import save_figure
+from truestep.analysis.summary import GroupSummary
 
 
-def plot_ablation(summary: dict[str, Any], path: Path | str) -> Path:
-    """Correct vs plain goodput (tokens/s) per ablation cell, flagged cells marked."""
-    cells = summary.get("ablation") or []
+def plot_ablation(group: GroupSummary, path: Path | str) -> Path:
+    """Correct vs plain goodput (tokens/s) per ablation cell; a flagged cell carries its verdict."""
+    cells = group.cells
     fig = Figure(figsize=(9, 1.4 + 0.55 * max(1, len(cells))), layout="constrained")
     ax = fig.add_subplot()
     if not cells:
@@ -23,10 +23,10 @@ def plot_ablation(summary: dict[str, Any], path: Path | str) -> Path:
         return save_figure(fig, path)
     ys = list(range(len(cells)))
     h = 0.38
-    plain = [c.get("plain_tokens_per_s") or 0.0 for c in cells]
-    correct = [c.get("correct_tokens_per_s") or 0.0 for c in cells]
+    plain = [group.runs[c.run].goodput.plain_tokens_per_s for c in cells]
+    correct = [group.runs[c.run].goodput.correct_tokens_per_s for c in cells]
     ax.barh([y - h / 2 for y in ys], plain, height=h, color="#90a4ae", label="plain goodput")
-    edge = ["#c62828" if c.get("flagged") else "none" for c in cells]
+    edge = ["#c62828" if c.flagged else "none" for c in cells]
     ax.barh(
         [y + h / 2 for y in ys],
         correct,
@@ -38,12 +38,7 @@ def plot_ablation(summary: dict[str, Any], path: Path | str) -> Path:
     )
     right = max(plain + correct + [1e-9])
     for y, c in zip(ys, cells, strict=True):
-        if c.get("flagged"):
-            where = c.get("first_violation_step")
-            text = f"FLAGGED (violation at step {where})" if where is not None else "FLAGGED"
-            color = "#c62828"
-        else:
-            text, color = "ok", "#2e7d32"
+        text, color = (f"FLAGGED: {c.verdict.label}", "#c62828") if c.flagged else ("ok", "#2e7d32")
         ax.annotate(
             text,
             (right, y),
@@ -54,9 +49,9 @@ def plot_ablation(summary: dict[str, Any], path: Path | str) -> Path:
             color=color,
             fontweight="bold",
         )
-    ax.set_yticks(ys, [f"{c['row']} / {c['mode']}" for c in cells])
+    ax.set_yticks(ys, [f"{c.row} / {c.mode}" for c in cells])
     ax.set_ylim(len(cells) - 0.5, -0.6)
-    ax.set_xlim(0, right * 1.45)
+    ax.set_xlim(0, right * 1.6)
     ax.set_xlabel("tokens / s")
     ax.set_title("ablation: plain vs correct goodput per cell")
     ax.grid(axis="x", alpha=0.3)

@@ -1,0 +1,112 @@
+"""The report's opening paragraph: the experiment's verdict (decided by analysis/verdict.py, only worded
+here) and, per group, the floor, the faulted runs and the ablation cells in a few sentences."""
+
+from __future__ import annotations
+
+from truestep.analysis.floor import LOSS, FloorModel
+from truestep.analysis.report.format import fmt_dev, fmt_rate, fmt_seconds, fmt_step, plural
+from truestep.analysis.summary import ExperimentSummary, GroupSummary, RunAnalysis
+from truestep.analysis.verdict import Status
+
+
+def floor_sentence(floor: FloorModel) -> str:
+    k = len(floor.repeats)
+    if not k:
+        return "No floor was measured: exact equality with the reference is assumed."
+    repeats = plural(k, "same-seed repeat")
+    if floor.bitwise:
+        return (
+            f"The {repeats} {'was' if k == 1 else 'were'} bitwise identical to the reference (losses, grad "
+            "norms and parameters), so a run is correct only while it stays bitwise equal to the reference."
+        )
+    loss = floor.families[LOSS]
+    calibration = (
+        f"calibrated by leave-one-out over the {k} repeats"
+        if loss.calibrated
+        else "uncalibrated with one repeat"
+    )
+    return (
+        f"The {repeats} differed from the reference by up to {fmt_dev(floor.max_dloss)} in loss and "
+        f"{fmt_dev(floor.max_dgrad_norm)} in grad norm; a run counts as correct while every observable stays "
+        f"within its threshold × the repeats' per-step envelope (loss threshold {loss.tau:.3g}, {calibration})."
+    )
+
+
+def faulted_sentence(run: RunAnalysis) -> str:
+    assert run.comparison is not None
+    c, v = run.comparison, run.verdict
+    kinds = sorted({i.kind for i in run.incidents}) or sorted({f.split(":")[0] for f in run.faults})
+    what = f"after {plural(len(run.faults), 'injected fault')}"
+    what += f" ({', '.join(kinds)})" if kinds else ""
+    what += f" and {plural(run.resumes, 'resume')}"
+    if v.status is Status.BITWISE:
+        text = f"**Recovery was correct:** {what}, `{run.name}` was bitwise equal to the reference on all {c.steps_compared} steps, parameters included"
+    elif v.status is Status.WITHIN_FLOOR:
+        text = (
+            f"**Recovery was correct within the floor:** {what}, `{run.name}` stayed within the floor on all "
+            f"{c.steps_compared} steps (first bitwise difference at step {fmt_step(c.first_divergent_step)})"
+        )
+    else:
+        text = f"**Recovery was NOT correct:** {what}, `{run.name}` is {v.label} (first bitwise difference at step {fmt_step(c.first_divergent_step)})"
+    if c.unverifiable_steps:
+        text += (
+            f"; {plural(len(c.unverifiable_steps), 'step')} past the reference's end could not be verified"
+        )
+    gp = run.goodput
+    text += (
+        f". It delivered {fmt_rate(gp.correct_tokens_per_s)} of correct goodput (plain "
+        f"{fmt_rate(gp.plain_tokens_per_s)})"
+    )
+    if run.mean_mttr_s is not None:
+        text += f", with a mean time to recovery of {fmt_seconds(run.mean_mttr_s)}"
+    return text + "."
+
+
+def ablation_sentences(group: GroupSummary) -> list[str]:
+    cells = group.cells
+    if not cells:
+        return []
+    flagged = [c for c in cells if c.flagged]
+    text = f"Of {len(cells)} ablation cells, {len(flagged)} {'was' if len(flagged) == 1 else 'were'} flagged"
+    if flagged:
+        text += ": " + ", ".join(f"{c.row}/{c.mode} ({c.verdict.label})" for c in flagged)
+    parts = [text + "."]
+    all_on = [c for c in cells if c.row == "all-on"]
+    broken = [c for c in all_on if c.flagged]
+    if broken:
+        parts.append(
+            "**With every mechanism on, "
+            + " and ".join(f"the {c.mode} cell" for c in broken)
+            + " was flagged:** recovery is broken even with nothing switched off."
+        )
+    elif all_on:
+        parts.append("The all-on cells stayed correct.")
+    quiet = [c for c in cells if c.row != "all-on" and not c.flagged]
+    if quiet:
+        parts.append(
+            "Not flagged although a mechanism was off (the switch had no observable effect in that cell): "
+            + ", ".join(f"{c.row}/{c.mode}" for c in quiet)
+            + "."
+        )
+    return parts
+
+
+def group_sentences(group: GroupSummary) -> list[str]:
+    parts = [floor_sentence(group.floor)]
+    faulted = [r for r in group.runs.values() if r.role == "faulted"]
+    parts += [faulted_sentence(r) for r in faulted]
+    if not faulted and not group.cells:
+        parts.append("No faulted run was part of this group.")
+    return parts + ablation_sentences(group)
+
+
+def verdict_paragraph(summary: ExperimentSummary) -> str:
+    parts = [f"**{summary.verdict.head}.**"]
+    if summary.verdict.failures:
+        parts.append("Failing: " + "; ".join(summary.verdict.failures) + ".")
+    main, *others = summary.groups
+    parts += group_sentences(main)
+    for group in others:
+        parts.append(f"**{group.name.capitalize()} ({group.note}):** {group.verdict.head}.")
+        parts += group_sentences(group)
+    return " ".join(parts)
