@@ -49,7 +49,7 @@ def test_seq_len_exceeds_max_seq_len():
         ("--parallel.backend=mpi", "parallel.backend"),
         ("--schedule.warmup_steps=51", "train.max_steps=50"),
         ("--train.emulate_nondeterminism=-1e-3", "train.emulate_nondeterminism must be a relative scale"),
-        ("--train.emulate_nondeterminism=nan", "train.emulate_nondeterminism must be a relative scale"),
+        ("--train.emulate_nondeterminism=nan", "train.emulate_nondeterminism=nan must be a finite number"),
         ("--train.emulate_restore_error=0.5", "train.emulate_restore_error must be a relative scale"),
     ],
 )

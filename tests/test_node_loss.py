@@ -46,7 +46,7 @@ def test_a_node_crash_stops_the_survivor_and_the_instrument_reports_it_end_to_en
     scheduler's requeue); the run is bitwise equal to the reference; the report names the node."""
     out = tmp_path / "exp"
     cmd = [sys.executable, "-m", "truestep", "experiment", "demo", f"--out={out}", "--nproc=1", "--nnodes=2"]
-    cmd += ["--fault=kill:node=1:step=12", "--train.max_steps=20"]
+    cmd += ["--fault=kill:node=1:step=12", "--train.max_steps=20", "--repeats=1"]
     proc = subprocess.run(cmd, env=truestep_env(), capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     run = out / "runs" / "faulted"
@@ -71,10 +71,10 @@ def test_a_node_crash_stops_the_survivor_and_the_instrument_reports_it_end_to_en
     assert by_node[0] == by_node[1] == [0, 1], by_node
     assert all(e.get("host") for e in events(run) if e.get("source") == "supervisor")
 
-    summary = json.loads((out / "summary.json").read_text())
-    faulted = summary["runs"]["faulted"]
-    assert faulted["preserving"] and faulted["fidelity"]["fraction_bitwise_equal"] == 1.0
-    [incident] = faulted["mttr"]
+    [group] = json.loads((out / "summary.json").read_text())["groups"]
+    faulted = group["runs"]["faulted"]
+    assert faulted["verdict"]["label"] == "bitwise" and faulted["comparison"]["fraction_bitwise_equal"] == 1.0
+    [incident] = faulted["incidents"]
     assert incident["kind"] == "kill" and all(v is not None for v in incident["phases_s"].values()), incident
     assert incident["phases_s"]["detect"] < DETECT_S
     assert "kill:node=1:step=12" in (out / "report.md").read_text()
