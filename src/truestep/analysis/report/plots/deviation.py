@@ -20,7 +20,7 @@ from truestep.analysis.report.plots.style import save_figure
 from truestep.analysis.verdict import RunVerdict
 
 
-def _log_axis(ax: Axes, values: list[float]) -> tuple[float, float]:
+def log_axis(ax: Axes, values: list[float]) -> tuple[float, float]:
     """A log axis where exact zeros are drawn at ε (two decades below the smallest nonzero value) and its
     tick reads "0"; returns (ε, top)."""
     positive = [v for v in values if 0 < v < math.inf]
@@ -51,6 +51,25 @@ def shown(values: list[float], eps: float, top: float) -> list[float]:
     return [eps if v == 0 else min(v, top) for v in values]
 
 
+def floor_repeats_dloss(floor: FloorModel) -> list[list[float]]:
+    """Each floor repeat's |Δloss| per step (from the floor's own comparisons)."""
+    return [[d.dloss for d in c.steps] for c in floor.comparisons]
+
+
+def draw_floor_repeats(ax: Axes, floor: FloorModel, eps: float, top: float) -> None:
+    """The floor repeats' |Δloss| from the reference, faint grey, one legend entry for all."""
+    for i, (c, values) in enumerate(zip(floor.comparisons, floor_repeats_dloss(floor), strict=True)):
+        ax.plot(
+            [d.step for d in c.steps],
+            shown(values, eps, top),
+            color="#9e9e9e",
+            lw=0.8,
+            alpha=0.7,
+            label="floor repeats" if i == 0 else None,
+            zorder=1,
+        )
+
+
 def threshold_series(floor: FloorModel, family: str = LOSS) -> tuple[list[int], list[float]]:
     """The steps and tau x envelope of a family where the floor judges it (empty when bitwise)."""
     judged = floor.families.get(family)
@@ -73,10 +92,10 @@ def plot_deviation(
     dloss = [d.dloss for d in comparison.steps]
     dgrad = [d.dgrad_norm for d in comparison.steps]
     t_steps, t_values = threshold_series(floor)
-    repeats = [[d.dloss for d in c.steps] for c in floor.comparisons]
+    repeats = floor_repeats_dloss(floor)
     fig = Figure(figsize=(9, 4.2), layout="constrained")
     ax = fig.add_subplot()
-    eps, top = _log_axis(ax, dloss + dgrad + t_values + [v for r in repeats for v in r])
+    eps, top = log_axis(ax, dloss + dgrad + t_values + [v for r in repeats for v in r])
     if t_steps:
         ax.fill_between(
             t_steps,
@@ -88,16 +107,7 @@ def plot_deviation(
             zorder=0,
             label="within the floor threshold",
         )
-    for i, (c, values) in enumerate(zip(floor.comparisons, repeats, strict=True)):
-        ax.plot(
-            [d.step for d in c.steps],
-            shown(values, eps, top),
-            color="#9e9e9e",
-            lw=0.8,
-            alpha=0.7,
-            label="floor repeats" if i == 0 else None,
-            zorder=1,
-        )
+    draw_floor_repeats(ax, floor, eps, top)
     if dgrad:
         ax.plot(
             steps,

@@ -10,7 +10,7 @@ from matplotlib.figure import Figure
 
 from truestep.analysis.fidelity import Comparison
 from truestep.analysis.floor import LOSS, FloorModel, observations
-from truestep.analysis.report.plots.deviation import _log_axis, shown
+from truestep.analysis.report.plots.deviation import draw_floor_repeats, floor_repeats_dloss, log_axis, shown
 from truestep.analysis.report.plots.style import save_figure
 from truestep.analysis.verdict import RunVerdict
 
@@ -23,13 +23,13 @@ def plot_envelope(floor: FloorModel, runs: list[JudgedRun], path: Path | str, ti
     family = floor.families[LOSS]
     env = family.envelope
     limit = [family.tau * v for v in env.values]
-    repeats = [[d.dloss for d in c.steps] for c in floor.comparisons]
+    repeats = floor_repeats_dloss(floor)
     fig = Figure(figsize=(9, 4.4), layout="constrained")
     ax = fig.add_subplot()
     values = (
         limit + env.values + [v for r in repeats for v in r] + [d.dloss for _, c, _ in runs for d in c.steps]
     )
-    eps, top = _log_axis(ax, values)
+    eps, top = log_axis(ax, values)
     if env.steps:
         ax.fill_between(
             env.steps,
@@ -48,15 +48,7 @@ def plot_envelope(floor: FloorModel, runs: list[JudgedRun], path: Path | str, ti
             lw=1.2,
             label="envelope (running max of the repeats)",
         )
-    for i, (c, r) in enumerate(zip(floor.comparisons, repeats, strict=True)):
-        ax.plot(
-            [d.step for d in c.steps],
-            shown(r, eps, top),
-            color="#9e9e9e",
-            lw=0.8,
-            alpha=0.8,
-            label="floor repeats" if i == 0 else None,
-        )
+    draw_floor_repeats(ax, floor, eps, top)
     for (name, c, verdict), color in zip(runs, PALETTE * 4, strict=False):
         ax.plot(
             [d.step for d in c.steps],
@@ -91,7 +83,7 @@ def plot_state(floor: FloorModel, runs: list[JudgedRun], path: Path | str, title
         limit = [judged.tau * v for v in judged.envelope.values] if judged and not floor.bitwise else []
         run_series = [observations(c).get(kind, {}) for _, c, _ in runs]
         values = limit + [v for s in series + run_series for v in s.values()]
-        eps, top = _log_axis(ax, values)
+        eps, top = log_axis(ax, values)
         if limit and judged is not None:
             ax.plot(
                 judged.envelope.steps,
