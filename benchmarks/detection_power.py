@@ -251,7 +251,8 @@ def main() -> int:
     per_scale = args.repeats * (1 + 2 + 2 + len(ROWS))
     total = len(scales) * (1 + args.floors + per_scale + args.sweep_repeats * len(args.grid))
     print(
-        f"detection power: {len(scales)} scales, R={args.repeats}, K={args.floors}, {total} processes -> {out}",
+        f"detection power: {len(scales)} scales, R={args.repeats}, K={args.floors}, "
+        f"{'judging the runs in' if args.reuse else f'{total} processes ->'} {out}",
         flush=True,
     )
     results, ok = {}, True
@@ -261,12 +262,15 @@ def main() -> int:
             if not args.reuse:
                 run_scale(base, scale, args, pool)
             results[f"{scale:g}"] = evaluate(layout(base, args))
-            print(f"  scale {scale:g}: runs done after {time.time() - started:.0f} s", flush=True)
+            print(f"  scale {scale:g}: done after {time.time() - started:.0f} s", flush=True)
     for scale in scales:
         ok &= report(scale, results[f"{scale:g}"], args.grid, args)
     cpu = os.times()
     cpu_s = cpu.children_user + cpu.children_system - cpu0.children_user - cpu0.children_system
-    print(f"\n{total} processes, wall {time.time() - started:.0f} s, CPU of the runs {cpu_s:.0f} s")
+    if args.reuse:
+        print(f"\njudged the runs of {out} again (nothing run), {time.time() - started:.0f} s")
+    else:
+        print(f"\n{total} processes, wall {time.time() - started:.0f} s, CPU of the runs {cpu_s:.0f} s")
     (out / "results.json").write_text(json.dumps({"args": vars(args), "results": results}, indent=1))
     if args.out:
         print(
