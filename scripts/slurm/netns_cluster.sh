@@ -39,6 +39,8 @@ set -uo pipefail # not -e: every exit status below is looked at
 # shellcheck source=cluster_lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/cluster_lib.sh"
 LOG_TAG=netns_cluster
+# Namespaces, links and qdiscs need ip/tc (iproute2); nsenter and unshare come with util-linux.
+PACKAGES+=(iproute2)
 
 usage() {
     echo "usage: $0 {up PREFIX [NODES]|down|status PREFIX|exec|addr|pids|crash|boot|partition|heal|fast PREFIX NODE [...]|slow PREFIX NODE SPEC}" >&2
