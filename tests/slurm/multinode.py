@@ -8,10 +8,10 @@ from __future__ import annotations
 import json
 import os
 import shlex
-import subprocess
 import sys
-import time
 from pathlib import Path
+
+from slurmtools import BackgroundRun, tail
 
 from harness import TINY, bits, final_digest, truestep_env
 from truestep.telemetry.jsonl import read_jsonl
@@ -61,13 +61,6 @@ def submit(
         script=cluster.train_sbatch, script_args=script_args, env=env,
     )  # fmt: skip
     return job, run_dir, out
-
-
-def tail(path: Path, lines: int = 40) -> str:
-    try:
-        return f"--- {path} (tail) ---\n" + "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except FileNotFoundError:
-        return f"--- {path}: not written yet ---"
 
 
 def events(run_dir: Path, name: str | None = None, **match: object) -> list[dict]:
@@ -139,28 +132,10 @@ def timing(name: str, seconds: float) -> None:
     print(f"[tests/slurm] timing: {name}: {seconds:.2f} s (load {load:.1f})", file=sys.stderr)
 
 
-class Reference:
+class Reference(BackgroundRun):
     """The uninterrupted run with the same layout (2 ranks: FSDP x2), on this host, not under SLURM;
     started in the background, awaited on use. Two nodes x one rank are bitwise equal to it."""
 
     def __init__(self, run_dir: Path) -> None:
-        self.run_dir = run_dir
-        self.log = run_dir.parent / "reference.log"
         cmd = [*TRUESTEP, "launch", "tiny", "--nproc", "2", *overrides(run_dir)]
-        with open(self.log, "w") as log:
-            self.proc = subprocess.Popen(cmd, env=job_env(), stdout=log, stderr=subprocess.STDOUT)
-        self.started = time.monotonic()
-
-    def result(self, timeout: float = 300) -> Path:
-        try:
-            rc = self.proc.wait(timeout=max(1.0, timeout - (time.monotonic() - self.started)))
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            raise AssertionError(f"reference run did not finish in {timeout} s\n{tail(self.log)}") from None
-        assert rc == 0, f"reference run exited {rc}\n{tail(self.log)}"
-        return self.run_dir
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(timeout=30)
+        super().__init__(run_dir, cmd, job_env(), timeout=300)

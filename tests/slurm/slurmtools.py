@@ -25,6 +25,44 @@ CMD_TIMEOUT_S = 60
 T = TypeVar("T")
 
 
+def tail(path: Path, lines: int = 40) -> str:
+    """The last lines of a log, for an assertion message."""
+    try:
+        return f"--- {path} (tail) ---\n" + "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except FileNotFoundError:
+        return f"--- {path}: not written yet ---"
+
+
+class BackgroundRun:
+    """An uninterrupted reference run started in the background (not under SLURM), awaited on use;
+    its output goes to `reference.log` beside the run directory."""
+
+    def __init__(self, run_dir: Path, cmd: list[str], env: dict[str, str], timeout: float) -> None:
+        self.run_dir = run_dir
+        self.log = run_dir.parent / "reference.log"
+        self.timeout = timeout
+        with open(self.log, "w") as log:
+            self.proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
+        self.started = time.monotonic()
+
+    def result(self) -> Path:
+        """The run directory once the run exited 0 (`timeout` counts from the start)."""
+        try:
+            rc = self.proc.wait(timeout=max(1.0, self.timeout - (time.monotonic() - self.started)))
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            raise AssertionError(
+                f"reference run did not finish in {self.timeout} s\n{tail(self.log)}"
+            ) from None
+        assert rc == 0, f"reference run exited {rc}\n{tail(self.log)}"
+        return self.run_dir
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=30)
+
+
 def wait_for(check: Callable[[], T], timeout: float, what: str, interval: float = 0.25, diagnose=None) -> T:
     """Poll `check` until it returns something truthy (returned); AssertionError after `timeout` s."""
     deadline = time.monotonic() + timeout

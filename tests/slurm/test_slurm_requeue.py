@@ -15,13 +15,13 @@ import os
 import re
 import shlex
 import signal
-import subprocess
 import sys
 import time
 from datetime import datetime
 from pathlib import Path
 
 import pytest
+from slurmtools import BackgroundRun, tail
 
 import supervised
 from harness import TINY, final_digest, loss_bits_by_step, truestep_env
@@ -43,13 +43,6 @@ def overrides(run_dir: Path, steps: int, extra: tuple[str, ...] = ()) -> list[st
 
 def timing(name: str, seconds: float) -> None:
     print(f"[tests/slurm] timing: {name}: {seconds:.1f} s", file=sys.stderr)
-
-
-def tail(path: Path, lines: int = 40) -> str:
-    try:
-        return f"--- {path} (tail) ---\n" + "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except FileNotFoundError:
-        return f"--- {path}: not written yet ---"
 
 
 def last_step(run_dir: Path) -> int:
@@ -147,33 +140,13 @@ def assert_graceful_stop(run_dir: Path, out: Path, signals_ok: set[str]) -> dict
 # ---------------------------------------------------------------- fixtures
 
 
-class Reference:
+class Reference(BackgroundRun):
     """The uninterrupted run, directly (not under SLURM); started in the background, awaited on use."""
 
     def __init__(self, run_dir: Path) -> None:
-        self.run_dir = run_dir
-        self.log = run_dir.parent / "reference.log"
-        with open(self.log, "w") as log:
-            self.proc = subprocess.Popen(
-                [*TRUESTEP, "train", "tiny", *overrides(run_dir, STEPS)],
-                env=truestep_env(),
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
-
-    def result(self, timeout: float = 240) -> Path:
-        try:
-            rc = self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            raise AssertionError(f"reference run did not finish in {timeout} s\n{tail(self.log)}") from None
-        assert rc == 0, f"reference run exited {rc}\n{tail(self.log)}"
-        return self.run_dir
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(timeout=30)
+        super().__init__(
+            run_dir, [*TRUESTEP, "train", "tiny", *overrides(run_dir, STEPS)], truestep_env(), 240
+        )
 
 
 @pytest.fixture(scope="module")
