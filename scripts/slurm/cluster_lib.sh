@@ -134,3 +134,39 @@ cancel_all_jobs() { # scancel every job of this cluster and wait (bounded) until
     done
     log "jobs still queued after 15 s: $(squeue -h -o '%i %T' 2>/dev/null | tr '\n' ' ')"
 }
+
+common_slurm_conf() { # the slurm.conf lines both clusters share; the caller writes names, ports, paths, nodes
+    cat <<CONF
+SlurmUser=root
+SlurmdUser=root
+# 22.05 has no auth/slurm: MUNGE, through this prefix's own munged socket.
+# cred_expire=5 (the minimum): a requeued job waits cred_expire+1 s before it may start again.
+AuthType=auth/munge
+CredType=cred/munge
+AuthInfo=socket=$MUNGE_SOCKET,cred_expire=5
+SlurmctldDebug=info
+SlurmdDebug=info
+# No cgroups, no accounting database (read job state with scontrol show job, not sacct).
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+MpiDefault=none
+MailProg=/bin/true
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+# Let a node advertise more CPUs than it has cores, so several jobs fit at once.
+SlurmdParameters=config_overrides
+SchedulerParameters=sched_interval=1
+ReturnToService=2
+JobRequeue=1
+MinJobAge=600
+InactiveLimit=0
+# Preemption: a job in a higher PriorityTier partition requeues the jobs it needs room from.
+PreemptType=preempt/partition_prio
+PreemptMode=REQUEUE
+# Send the job's own --signal when it is preempted (only meaningful with GraceTime). Must be here, not
+# in SchedulerParameters (silently ignored there).
+SlurmctldParameters=preempt_send_user_signal
+CONF
+}

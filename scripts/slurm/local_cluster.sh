@@ -72,44 +72,14 @@ ClusterName=truestep-local
 SlurmctldHost=$NODE(127.0.0.1)
 SlurmctldPort=$ctld_port
 SlurmdPort=$slurmd_port
-SlurmUser=root
-SlurmdUser=root
-# 22.05 has no auth/slurm: MUNGE, through this prefix's own munged socket.
-# cred_expire=5 (the minimum): a requeued job waits cred_expire+1 s before it may start again.
-AuthType=auth/munge
-CredType=cred/munge
-AuthInfo=socket=$MUNGE_SOCKET,cred_expire=5
+$(common_slurm_conf)
 StateSaveLocation=$PREFIX/state
 SlurmdSpoolDir=$PREFIX/spool
 SlurmctldPidFile=$RUN/slurmctld.pid
 SlurmdPidFile=$RUN/slurmd.pid
 SlurmctldLogFile=$LOGDIR/slurmctld.log
 SlurmdLogFile=$LOGDIR/slurmd.log
-SlurmctldDebug=info
-SlurmdDebug=info
-# No cgroups, no accounting database (read job state with scontrol show job, not sacct).
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
-JobAcctGatherType=jobacct_gather/none
-AccountingStorageType=accounting_storage/none
-MpiDefault=none
-MailProg=/bin/true
-SelectType=select/cons_tres
-SelectTypeParameters=CR_Core
-# Let the node advertise more CPUs than it has cores, so several jobs fit at once.
-SlurmdParameters=config_overrides
-SchedulerParameters=sched_interval=1
-ReturnToService=2
-JobRequeue=1
 KillWait=10
-MinJobAge=600
-InactiveLimit=0
-# Preemption: a job in a higher PriorityTier partition requeues the jobs it needs room from.
-PreemptType=preempt/partition_prio
-PreemptMode=REQUEUE
-# Send the job's own --signal when it is preempted (only meaningful with GraceTime). Must be here, not
-# in SchedulerParameters (silently ignored there).
-SlurmctldParameters=preempt_send_user_signal
 NodeName=$NODE NodeAddr=127.0.0.1 CPUs=$cpus RealMemory=$mem_mib State=UNKNOWN
 PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP PriorityTier=1
 PartitionName=grace Nodes=ALL MaxTime=INFINITE State=UP PriorityTier=1 GraceTime=${SLURM_LOCAL_GRACE_TIME:-15}

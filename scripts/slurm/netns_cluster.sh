@@ -173,42 +173,18 @@ ClusterName=truestep-netns
 SlurmctldHost=$(hostname -s)($(bridge_addr))
 SlurmctldPort=$ctld_port
 SlurmdPort=$slurmd_port
-SlurmUser=root
-SlurmdUser=root
-AuthType=auth/munge
-CredType=cred/munge
-# cred_expire=5 (the minimum): a requeued job waits cred_expire+1 s before it may start again.
-AuthInfo=socket=$MUNGE_SOCKET,cred_expire=5
+$(common_slurm_conf)
 StateSaveLocation=$PREFIX/state
 SlurmdSpoolDir=$PREFIX/spool/slurmd-%n
 SlurmctldPidFile=$RUN/slurmctld.pid
 SlurmdPidFile=$RUN/slurmd-%n.pid
 SlurmctldLogFile=$LOGDIR/slurmctld.log
 SlurmdLogFile=$LOGDIR/slurmd-%n.log
-SlurmctldDebug=info
-SlurmdDebug=info
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
-JobAcctGatherType=jobacct_gather/none
-AccountingStorageType=accounting_storage/none
-MpiDefault=none
-MailProg=/bin/true
-SelectType=select/cons_tres
-SelectTypeParameters=CR_Core
-SlurmdParameters=config_overrides
-SchedulerParameters=sched_interval=1
 # A node that stops answering is declared DOWN after SlurmdTimeout (plus up to a ping cycle); its jobs
 # are requeued (--requeue). The default, 300 s, would make every node-loss test wait minutes.
 SlurmdTimeout=${SLURM_NETNS_SLURMD_TIMEOUT:-10}
 MessageTimeout=5
-ReturnToService=2
-JobRequeue=1
 KillWait=${SLURM_NETNS_KILL_WAIT:-10}
-MinJobAge=600
-InactiveLimit=0
-PreemptType=preempt/partition_prio
-PreemptMode=REQUEUE
-SlurmctldParameters=preempt_send_user_signal
 ${nodes_lines}PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP PriorityTier=1
 PartitionName=high  Nodes=ALL MaxTime=INFINITE State=UP PriorityTier=10 PreemptMode=OFF
 CONF
