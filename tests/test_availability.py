@@ -124,8 +124,11 @@ def test_ctrl_c_saves_and_stops_without_a_restart(supervised_reference: Path, tm
     proc.send_signal(signal.SIGINT)
     assert finish(proc) == 130, finish.last_output  # type: ignore[attr-defined]
     assert "Traceback" not in finish.last_output  # type: ignore[attr-defined]
+    assert [e["signal"] for e in supervisor_events(tmp_path, "supervisor_signal")] == ["SIGINT"]
     stop = events(tmp_path, "signal_received")[-1]
-    assert (stop["signal"], stop["stop_reason"]) == ("SIGINT", "interrupted")
+    # The supervisor signals every rank; the ranks may agree on the stop before rank 0's own SIGINT
+    # has been noted ("peer"): either way, the stop is an interrupt.
+    assert (stop["signal"] in ("SIGINT", "peer"), stop["stop_reason"]) == (True, "interrupted"), stop
     assert stop["stop_step"] in {e["step"] for e in events(tmp_path, "checkpoint_commit")}
     assert supervisor_events(tmp_path, "restart") == []
     assert finish(supervise(tmp_path)) == 0

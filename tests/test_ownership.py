@@ -195,3 +195,31 @@ def test_attempt_numbers_agree_across_nodes(supervised_reference: Path, tmp_path
     assert by_node[0] == by_node[1] == [0, 1], by_node
     assert [e["attempt"] for e in events(tmp_path, "run_start")] == [0, 1]
     assert_matches_reference(tmp_path, supervised_reference)
+
+
+def test_node_0_ending_the_attempt_does_not_fence_the_other_nodes(tmp_path: Path) -> None:
+    """Node 0's supervisor releases the lease as soon as its ranks are done (a preemption's emergency
+    save): another node whose ranks are still exiting from the same stop is not fenced by that. A
+    release by another launch of the job, or of an older attempt, still fences."""
+    from truestep.config.schema import ResilienceConfig
+    from truestep.resilience.nodes import JobNodes
+
+    lease = RunDirLease(tmp_path, "job-a", ttl_s=30)
+    lease.acquire()
+    attempt = lease.begin_attempt()
+    node1 = JobNodes(tmp_path, "job-a", 1, 2, "127.0.0.1", ResilienceConfig(node_watch=False))
+    assert node1.check(attempt) is None
+    lease.release()
+    node1._fence_checked = 0.0  # re-read the lease now, not FENCE_CHECK_S later
+    assert node1.check(attempt) is None
+    with pytest.raises(FencedError):  # it released attempt 0; attempt -1 of this node is stale
+        node1.before_restart(attempt, time.monotonic())
+    node1._fence_checked = 0.0
+    with pytest.raises(FencedError, match="standing aside"):
+        node1.check(attempt - 1)
+    record = json.loads((tmp_path / "lease.json").read_text())
+    record["generation"] = "7"  # the next launch of the job (a requeue) released it: this one is over
+    (tmp_path / "lease.json").write_text(json.dumps(record))
+    node1._fence_checked = 0.0
+    with pytest.raises(FencedError, match="standing aside"):
+        node1.check(attempt)

@@ -274,6 +274,19 @@ def attempt_superseded(run_dir: Path, job: str, attempt: int) -> bool:
     )
 
 
+def attempt_ended(run_dir: Path, job: str, attempt: int) -> bool:
+    """True when node 0 of this launch of the job ended `attempt` and released the lease (it finished,
+    or stopped for a requeue): the other nodes' ranks are ending the same way, so they are not fenced --
+    node 0's goodbye on the peer link says whether its end was orderly."""
+    current = read_lease(run_dir)
+    return (
+        current is not None
+        and current.released
+        and (current.job, current.generation) == (job, job_generation())
+        and current.incarnation == attempt
+    )
+
+
 def await_attempt(
     run_dir: Path,
     job: str,

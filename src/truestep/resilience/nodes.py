@@ -22,6 +22,7 @@ from truestep.core.errors import FencedError
 from truestep.resilience.heartbeat import FENCE_CHECK_S
 from truestep.resilience.lease import (
     RunDirLease,
+    attempt_ended,
     attempt_superseded,
     await_attempt,
     check_fence,
@@ -81,10 +82,12 @@ class JobNodes:
     # --- during an attempt --------------------------------------------------------------------------
 
     def check(self, attempt: int) -> Failure | None:
-        """Every poll: a node_lost or attempt_superseded Failure, None, or FencedError."""
+        """Every poll: a node_lost or attempt_superseded Failure, None, or FencedError. Node 0 releasing
+        the lease at the end of this very attempt is no fence: it ended a moment before this node's ranks
+        (a preemption's emergency save, a finished run), and they end the same way."""
         if time.monotonic() - self._fence_checked >= FENCE_CHECK_S:
             self._fence_checked = time.monotonic()
-            superseded = self._lease(attempt)
+            superseded = self._lease(attempt, ended_ok=True)
             if superseded is not None:
                 return superseded
         loss = self.peers.check() if self.peers is not None else None
@@ -104,12 +107,14 @@ class JobNodes:
 
     # --- helpers ------------------------------------------------------------------------------------
 
-    def _lease(self, attempt: int) -> Failure | None:
+    def _lease(self, attempt: int, ended_ok: bool = False) -> Failure | None:
         try:
             check_fence(self.run_dir, self.job, attempt)
         except FencedError:
             if self._follows(attempt):
                 return self._superseded(attempt)
+            if ended_ok and self.node != 0 and attempt_ended(self.run_dir, self.job, attempt):
+                return None
             raise
         return None
 
