@@ -212,6 +212,9 @@ def test_node_0_ending_the_attempt_does_not_fence_the_other_nodes(tmp_path: Path
     lease.release()
     node1._fence_checked = 0.0  # re-read the lease now, not FENCE_CHECK_S later
     assert node1.check(attempt) is None
+    check_fence(tmp_path, "job-a", attempt, ended_ok=True)  # a rank on node 1, still exiting
+    with pytest.raises(FencedError):  # node 0's own ranks (and its commits) are fenced by a release
+        check_fence(tmp_path, "job-a", attempt)
     with pytest.raises(FencedError):  # it released attempt 0; attempt -1 of this node is stale
         node1.before_restart(attempt, time.monotonic())
     node1._fence_checked = 0.0

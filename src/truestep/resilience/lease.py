@@ -251,9 +251,22 @@ class RunDirLease:
         self._keeper.start()
 
 
-def check_fence(run_dir: Path, job: str, incarnation: int) -> None:
-    """Raise FencedError unless the lease still names this job and incarnation."""
+def check_fence(run_dir: Path, job: str, incarnation: int, *, ended_ok: bool = False) -> None:
+    """Raise FencedError unless the lease still names this job and incarnation, unreleased.
+
+    `ended_ok` (the nodes other than node 0, ranks and supervisor): node 0's supervisor releasing the
+    lease at the end of this very attempt of this launch is no fence. It ends a moment before the other
+    nodes do after the same stop (a preemption's emergency save, a finished run); their ranks end the
+    same way, and node 0's goodbye on the peer link says whether its end was orderly. Any later holder
+    (another job, the next launch or attempt) fences them as usual."""
     current = read_lease(run_dir)
+    if (
+        ended_ok
+        and current is not None
+        and current.released
+        and (current.job, current.generation, current.incarnation) == (job, job_generation(), incarnation)
+    ):
+        return
     if current is None or current.job != job or current.incarnation != incarnation or current.released:
         who = current.describe() if current else "nobody (the lease file is gone)"
         raise FencedError(
@@ -271,19 +284,6 @@ def attempt_superseded(run_dir: Path, job: str, attempt: int) -> bool:
         and not current.released
         and (current.job, current.generation) == (job, job_generation())
         and current.incarnation > attempt
-    )
-
-
-def attempt_ended(run_dir: Path, job: str, attempt: int) -> bool:
-    """True when node 0 of this launch of the job ended `attempt` and released the lease (it finished,
-    or stopped for a requeue): the other nodes' ranks are ending the same way, so they are not fenced --
-    node 0's goodbye on the peer link says whether its end was orderly."""
-    current = read_lease(run_dir)
-    return (
-        current is not None
-        and current.released
-        and (current.job, current.generation) == (job, job_generation())
-        and current.incarnation == attempt
     )
 
 

@@ -22,7 +22,6 @@ from truestep.core.errors import FencedError
 from truestep.resilience.heartbeat import FENCE_CHECK_S
 from truestep.resilience.lease import (
     RunDirLease,
-    attempt_ended,
     attempt_superseded,
     await_attempt,
     check_fence,
@@ -109,12 +108,10 @@ class JobNodes:
 
     def _lease(self, attempt: int, ended_ok: bool = False) -> Failure | None:
         try:
-            check_fence(self.run_dir, self.job, attempt)
+            check_fence(self.run_dir, self.job, attempt, ended_ok=ended_ok and self.node != 0)
         except FencedError:
             if self._follows(attempt):
                 return self._superseded(attempt)
-            if ended_ok and self.node != 0 and attempt_ended(self.run_dir, self.job, attempt):
-                return None
             raise
         return None
 
