@@ -62,7 +62,10 @@ def test_async_resume_twice_is_bitwise(layout: str, reference, tmp_path: Path) -
     assert events(tmp_path, "run_end")[-1]["state"]["attempts"] == 3
 
 
-@pytest.mark.parametrize("layout", list(LAYOUTS))
+# Sync and async saves differ only in when the loop waits for the writes (the state dict and DCP plan are
+# the same): every layout is resumed from async saves above; sync saves in the 1-D extreme and the 2-D
+# mesh (both FSDP and TP dimensions) keep the suite within its time budget.
+@pytest.mark.parametrize("layout", ["single", "fsdp2xtp2"])
 def test_sync_resume_is_bitwise(layout: str, reference, tmp_path: Path) -> None:
     nproc, extra = LAYOUTS[layout]
     sync = "--checkpoint.async_save=false"
