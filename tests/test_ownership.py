@@ -32,10 +32,11 @@ from supervised import (
 )
 from truestep.checkpoint.catalog import MARKER, step_dir_name
 from truestep.checkpoint.saver import Checkpointer, PendingSave
-from truestep.config.schema import CheckpointConfig
+from truestep.config.schema import CheckpointConfig, ResilienceConfig
 from truestep.core.errors import FencedError, RunDirBusyError
 from truestep.parallel.dist import DistContext
 from truestep.resilience.lease import RunDirLease, check_fence, read_lease
+from truestep.resilience.nodes import JobNodes
 from truestep.telemetry.run_logs import RunLogs
 
 
@@ -201,9 +202,6 @@ def test_node_0_ending_the_attempt_does_not_fence_the_other_nodes(tmp_path: Path
     """Node 0's supervisor releases the lease as soon as its ranks are done (a preemption's emergency
     save): another node whose ranks are still exiting from the same stop is not fenced by that. A
     release by another launch of the job, or of an older attempt, still fences."""
-    from truestep.config.schema import ResilienceConfig
-    from truestep.resilience.nodes import JobNodes
-
     lease = RunDirLease(tmp_path, "job-a", ttl_s=30)
     lease.acquire()
     attempt = lease.begin_attempt()

@@ -6,8 +6,8 @@ both runs logged one, and the per-kind state distances (params, exp_avg, exp_avg
 checkpoint steps every floor run kept. For each family:
 
 - the **envelope** E(s) is the running maximum over the floor repeats of the family's value at steps
-  <= s + LOOKAHEAD (2): platform noise drifts (tiny early, large late), so the band grows with the run instead of being
-  one number for all of it; where the floor is not bitwise, |Δloss| and |Δgrad norm| envelopes are at
+  <= s + LOOKAHEAD (2): platform noise drifts (tiny early, large late), so the band grows with the run
+  instead of being one number for all of it; where the floor is not bitwise, |Δloss| and |Δgrad norm| envelopes are at
   least one fp32 ulp of the reference's value (the resolution of the logged number);
 - the **threshold multiplier** tau is calibrated by leave-one-out: each repeat is judged against the
   envelope of the others, its largest ratio value / envelope is one draw of the statistic under "nothing
