@@ -41,8 +41,11 @@ from truestep.telemetry.run_logs import RunLogs
 
 
 def test_a_second_job_into_a_leased_directory_is_refused(supervised_reference: Path, tmp_path: Path) -> None:
-    # Rank 0 is held stopped at step 6 (and continued below) so the job outlasts both intruders.
-    proc = supervise(tmp_path, "--resilience.liveness_timeout_s=120", faults="hang:rank=0:step=6")
+    # Rank 0 is held stopped at step 6 (and continued below) so the job outlasts both intruders; neither
+    # its stale heartbeat nor its stalled step may end the attempt meanwhile (on a loaded machine the two
+    # intruders took longer than the suite's 4 s hang timeout, and the supervisor restarted rank 0).
+    timeouts = ("--resilience.liveness_timeout_s=120", "--resilience.hang_timeout_s=120")
+    proc = supervise(tmp_path, *timeouts, faults="hang:rank=0:step=6")
     stopped = wait_for_event(tmp_path, "fault_injected")
     holder = read_lease(tmp_path)
     assert holder is not None and holder.pid == proc.pid and not holder.released
@@ -56,6 +59,7 @@ def test_a_second_job_into_a_leased_directory_is_refused(supervised_reference: P
     assert stopped["rank"] == 0
     os.kill(rank0, signal.SIGCONT)
     assert finish(proc) == 0, finish.last_output  # type: ignore[attr-defined]
+    assert supervisor_events(tmp_path, "failure_detected") == []
     assert len(supervisor_events(tmp_path, "supervisor_start")) == 1  # the refused jobs wrote nothing
     assert {e["attempt"] for e in events(tmp_path, "run_start")} == {0}
     assert_matches_reference(tmp_path, supervised_reference)
