@@ -108,3 +108,15 @@ def final_digest(run_dir: Path) -> str:
     ends = events(run_dir, "run_end")
     assert ends, f"{run_dir}: no run_end event"
     return ends[-1]["param_digest"]
+
+
+def run_in_process(run_dir: Path, *overrides: str, config: str = "tiny") -> int:
+    """Run one single-process rank of the tiny test model inside this test process (train/rank.py:
+    `run_rank` returns its exit code): the same config and record a `truestep train` subprocess gets,
+    without the seconds of a fresh interpreter importing torch."""
+    from truestep.config.load import load_config
+    from truestep.core.launch import Launch
+    from truestep.train.rank import run_rank
+
+    cfg = load_config(config, [f"--run.dir={run_dir}", *TINY, *overrides])
+    return run_rank(cfg, Launch())
