@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import events, loss_bits_by_step, metrics, run_in_process
+from harness import INPROCESS_JOB, events, loss_bits_by_step, metrics, run_in_process
 from truestep.analysis.state import checkpoints, distances
 from truestep.checkpoint.catalog import checkpoint_root, run_checkpoint_root
 from truestep.cli.ckpt import ckpt_main
@@ -24,17 +24,7 @@ from truestep.core.launch import Launch, LaunchError
 from truestep.faults import hooks
 from truestep.train.rank import run_rank
 
-STEPS = 8
-JOB = [f"--train.max_steps={STEPS}", "--checkpoint.interval=4", "--schedule.warmup_steps=2"]
-
-
-@pytest.fixture(scope="session")
-def inprocess_reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A failure-free in-process run of JOB: what the in-process resumes must match bit for bit
-    (shared by every test file that asks for it)."""
-    run = tmp_path_factory.mktemp("inprocess-ref")
-    assert run_in_process(run, *JOB) == 0
-    return run
+JOB = INPROCESS_JOB
 
 
 def test_a_rank_returns_its_exit_code_and_leaves_the_process_as_it_found_it(tmp_path: Path) -> None:

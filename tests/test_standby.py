@@ -34,6 +34,8 @@ from truestep.resilience.handoff import PER_ATTEMPT_ENV, adopted_env, env_differ
 from truestep.resilience.standby import Standby, StandbyPool
 from truestep.telemetry.jsonl import JsonlWriter, read_jsonl
 
+pytestmark = pytest.mark.multiprocess
+
 STALL_AT, CHECK_AT = 6, 7
 # The trajectory of the per-layout references (conftest.py). Attempt 0 stalls rank 0 before step
 # STALL_AT (long enough for every standby to import torch); the test kills the last rank there.
