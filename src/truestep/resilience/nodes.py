@@ -36,11 +36,11 @@ class JobNodes:
         self,
         run_dir: Path,
         job: str,
-        generation: str,
         node: int,
         nnodes: int,
         master_addr: str,
         cfg: ResilienceConfig,
+        generation: str = "0",
     ) -> None:
         self.run_dir = run_dir
         self.job = job

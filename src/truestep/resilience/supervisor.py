@@ -100,11 +100,11 @@ class Supervisor:
         self.nodes = JobNodes(
             self.run_dir,
             spec.job_id,
-            generation,
             spec.node_rank,
             spec.nnodes,
             spec.master_addr,
             cfg.resilience,
+            generation=generation,
         )
         hub_port = self.nodes.hub_port  # published in the lease for the other nodes
         taken_over = self.lease.acquire(hub_port) if spec.node_rank == 0 else None  # refuses a second job
