@@ -40,6 +40,10 @@ def read_heartbeat(path: Path) -> dict[str, Any] | None:
     return beat if isinstance(beat, dict) and isinstance(beat.get("time"), int | float) else None
 
 
+STOP_WAIT_S = 5.0
+"""How long `stop` waits for a beat being written."""
+
+
 class Heartbeat:
     """Writes this rank's heartbeat every `interval_s` from a daemon thread until `stop` (the rank
     returned) or the process exits."""
@@ -63,10 +67,12 @@ class Heartbeat:
         self._thread: threading.Thread | None = None
 
     def stop(self) -> None:
-        """No more beats; returns once the thread has ended (a beat being written finishes first)."""
+        """No more beats; returns once the thread has ended (a beat being written finishes first), or
+        after STOP_WAIT_S when a write hangs (a hung filesystem must not keep a rank from exiting: the
+        daemon thread ends with the process)."""
         self._stopped.set()
         if self._thread is not None:
-            self._thread.join()
+            self._thread.join(STOP_WAIT_S)
 
     def start(self) -> None:
         make_dir(self.path.parent)

@@ -210,7 +210,9 @@ class RunDirLease:
     def release(self) -> None:
         self._stop.set()
         if self._keeper is not None and self._keeper is not threading.current_thread():
-            self._keeper.join()  # a renewal under way finishes first: it must not rewrite a released lease
+            # A renewal under way finishes first (bounded: a hung filesystem must not keep a rank from
+            # exiting; the renewal rewrites the record it read under the lock, never a released one as live).
+            self._keeper.join(self.ttl_s / 4)
         with self._locked():
             current = read_lease(self.run_dir)
             if current is not None and current.job == self.job and current.pid == os.getpid():
