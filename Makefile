@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.truestep-setup
 NPROC ?= 2
 
-.PHONY: setup demo test lint format bench clean
+.PHONY: setup demo test test-fast test-multiprocess test-slurm lint format bench clean
 
 setup: $(STAMP)
 
@@ -31,6 +31,17 @@ lint: setup
 
 test: lint
 	$(BIN)/python -m pytest -q
+
+# The test tiers (pyproject.toml markers; README "Tests"): `make test` runs all of them.
+FAST := not multiprocess and not slurm and not slow
+test-fast: lint
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -m "$(FAST)"
+
+test-multiprocess: setup
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -m "multiprocess and not slurm"
+
+test-slurm: setup
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -m slurm
 
 format: setup
 	$(BIN)/ruff check --fix src tests benchmarks

@@ -1,6 +1,7 @@
 """Shared test setup: the sys.path line for tests/harness.py and the checkpoint-integrity runs."""
 
 import sys
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
@@ -56,15 +57,37 @@ def pool():
 
 
 @pytest.fixture(scope="session")
-def layout_references(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """One failure-free torchrun run per layout (harness.LAYOUT_REFERENCE): what every resumed run of
-    that layout must match bit for bit, whether torchrun or the supervisor restarted it."""
-    runs = {}
-    for name, (nproc, extra) in harness.LAYOUTS.items():
-        run_dir = tmp_path_factory.mktemp(f"ref-{name}")
-        harness.launch(run_dir, *harness.LAYOUT_REFERENCE, *extra, nproc=nproc)
-        runs[name] = run_dir
-    return runs
+def layout_reference(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+    """layout name -> its failure-free torchrun run (harness.LAYOUT_REFERENCE), run once per session on
+    first use: what every resumed run of that layout must match bit for bit, whether torchrun or the
+    supervisor restarted it (tests/test_resume_bitwise.py, test_standby.py), and the single-process
+    trajectory a resharded resume must keep (test_reshard.py)."""
+    runs: dict[str, Path] = {}
+
+    def get(name: str) -> Path:
+        if name not in runs:
+            nproc, extra = harness.LAYOUTS[name]
+            run_dir = tmp_path_factory.mktemp(f"ref-{name}")
+            harness.launch(run_dir, *harness.LAYOUT_REFERENCE, *extra, nproc=nproc)
+            runs[name] = run_dir
+        return runs[name]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def layout_references(layout_reference: Callable[[str], Path]) -> dict[str, Path]:
+    """Every layout's reference run (`layout_reference`)."""
+    return {name: layout_reference(name) for name in harness.LAYOUTS}
+
+
+@pytest.fixture(scope="session")
+def inprocess_reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A failure-free single-process run of harness.INPROCESS_JOB, run in the test process (the fast
+    tier's reference: tests/test_rank_inprocess.py)."""
+    run = tmp_path_factory.mktemp("inprocess-ref")
+    assert harness.run_in_process(run, *harness.INPROCESS_JOB) == 0
+    return run
 
 
 @pytest.fixture(scope="session")

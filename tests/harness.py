@@ -108,3 +108,24 @@ def final_digest(run_dir: Path) -> str:
     ends = events(run_dir, "run_end")
     assert ends, f"{run_dir}: no run_end event"
     return ends[-1]["param_digest"]
+
+
+# The in-process reference job (conftest.py `inprocess_reference`): two checkpoints, a warm-up that ends.
+INPROCESS_STEPS = 8
+INPROCESS_JOB = [
+    f"--train.max_steps={INPROCESS_STEPS}",
+    "--checkpoint.interval=4",
+    "--schedule.warmup_steps=2",
+]
+
+
+def run_in_process(run_dir: Path, *overrides: str, config: str = "tiny") -> int:
+    """Run one single-process rank of the tiny test model inside this test process (train/rank.py:
+    `run_rank` returns its exit code): the same config and record a `truestep train` subprocess gets,
+    without the seconds of a fresh interpreter importing torch."""
+    from truestep.config.load import load_config
+    from truestep.core.launch import Launch
+    from truestep.train.rank import run_rank
+
+    cfg = load_config(config, [f"--run.dir={run_dir}", *TINY, *overrides])
+    return run_rank(cfg, Launch())

@@ -12,6 +12,8 @@ import pytest
 
 from harness import events, launch, loss_bits_by_step
 
+pytestmark = pytest.mark.multiprocess
+
 MAX, STOP = 8, 4
 COMMON = [f"--train.max_steps={MAX}", "--checkpoint.interval=0", "--model.dropout=0.1"]
 

@@ -30,6 +30,8 @@ from truestep.checkpoint.resolver import NO_CHECKPOINT, NONE_VERIFIED, pick_resu
 from truestep.config.schema import CheckpointConfig
 from truestep.telemetry.run_logs import RunLogs
 
+pytestmark = pytest.mark.multiprocess
+
 STARTUP = 4.0
 
 

@@ -34,6 +34,8 @@ from truestep.checkpoint.integrity import verify
 from truestep.checkpoint.manifest import VerifyError, write_marker
 from truestep.checkpoint.safe_dcp import UnsafeCheckpointError, safe_load_metadata
 
+pytestmark = pytest.mark.multiprocess
+
 # ----------------------------------------------------------------------------------------------
 # corruption of the newest committed checkpoint
 

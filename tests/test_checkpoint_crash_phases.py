@@ -29,6 +29,8 @@ from ckpt_cases import (
 )
 from truestep.checkpoint.integrity import verify
 
+pytestmark = pytest.mark.multiprocess
+
 # ----------------------------------------------------------------------------------------------
 # crash at every phase of the save at step 6
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import signal
 
+import pytest
+
 import harness
 from ckpt_cases import (
     DCP_METADATA,
@@ -30,6 +32,8 @@ from truestep.checkpoint.saver import Checkpointer
 from truestep.config.schema import JobConfig
 from truestep.parallel.dist import DistContext
 from truestep.telemetry.run_logs import RunLogs
+
+pytestmark = pytest.mark.multiprocess
 
 # ----------------------------------------------------------------------------------------------
 # none verifies

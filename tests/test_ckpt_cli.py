@@ -18,6 +18,8 @@ from truestep.checkpoint.resolver import quarantine_logged as quarantine
 from truestep.cli.ckpt import ckpt_main
 from truestep.telemetry.run_logs import RunLogs
 
+pytestmark = pytest.mark.multiprocess
+
 SHARD = "__0_0.distcp"
 
 

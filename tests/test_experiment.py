@@ -7,12 +7,16 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from harness import truestep_env
 from supervised import standby_overrides
 from truestep.analysis.runlog import RunLog
 from truestep.experiment.plan import plan_jobs
 from truestep.experiment.runner import run_plan
 from truestep.experiment.summary import summarize
+
+pytestmark = pytest.mark.multiprocess
 
 
 def test_experiment_with_two_faults_is_bitwise_and_reported(tmp_path: Path) -> None:

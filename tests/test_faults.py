@@ -81,6 +81,7 @@ def test_nothing_armed_by_default() -> None:
     hooks.fault_point("save:before-marker", step=1)  # inert: returns without effect
 
 
+@pytest.mark.multiprocess
 def test_a_node_fault_must_name_a_node_of_the_job(tmp_path: Path) -> None:
     """kill:node=K on a job without node K could never fire: refused before anything starts."""
     cmd = [sys.executable, "-m", "truestep", "launch", "tiny", "--fault=kill:node=1:step=3"]

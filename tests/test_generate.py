@@ -124,6 +124,7 @@ def test_generation_stops_at_any_eos_id(llama32: Path, tmp_path: Path) -> None:
     assert theirs == record["new_ids"]
 
 
+@pytest.mark.multiprocess
 def test_greedy_equals_transformers_on_an_exported_training_checkpoint(ckpt: Path, tmp_path: Path) -> None:
     """A truestep run (byte tokenizer): the real CLI in a subprocess, then transformers on the export."""
     prompt = "import os\ndef "
@@ -151,6 +152,7 @@ def test_greedy_equals_transformers_on_an_exported_training_checkpoint(ckpt: Pat
     assert record["text"] == bytes(i for i in shown if i < 256).decode("utf-8", errors="replace")
 
 
+@pytest.mark.multiprocess
 def test_sampling_flags_reproduce_per_seed(ckpt: Path) -> None:
     args = [ckpt, "--prompt", "x = ", "--max-new-tokens", 16, "--temperature", 1.0, "--top-p", 0.9, "--json"]
     first = json.loads(run_generate(*args, "--seed", 1)[1])["new_ids"]
@@ -158,6 +160,7 @@ def test_sampling_flags_reproduce_per_seed(ckpt: Path) -> None:
     assert first != json.loads(run_generate(*args, "--seed", 2)[1])["new_ids"]
 
 
+@pytest.mark.multiprocess
 @pytest.mark.parametrize(
     ("argv", "code", "message"),
     [

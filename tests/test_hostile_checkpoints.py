@@ -44,6 +44,8 @@ from truestep.cli.ckpt import ckpt_main
 from truestep.config.schema import CheckpointConfig
 from truestep.telemetry.run_logs import RunLogs
 
+pytestmark = pytest.mark.multiprocess
+
 
 @pytest.fixture
 def root(reference, tmp_path) -> Path:

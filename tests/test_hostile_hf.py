@@ -289,6 +289,7 @@ def test_a_symlinked_hf_cache_layout_still_imports(hf_dir, tmp_path):
     assert rc == 0, err
 
 
+@pytest.mark.multiprocess
 def test_export_of_a_rank_file_declaring_100000_layers(reference, tmp_path):
     """`export` believed model.n_layers of a checkpoint's rank file and built that model first. Now the
     layer count is compared with the tensors stored: one line, fast, little memory."""

@@ -20,6 +20,8 @@ from ckpt_cases import RUN, assert_same_trajectory, attempt_events, ckpt, copy_r
 from hostile_cases import SHARD, edit_metadata
 from truestep.checkpoint.catalog import QUARANTINE, step_dir_name
 
+pytestmark = pytest.mark.multiprocess
+
 
 def stderr_lines(proc: subprocess.CompletedProcess) -> list[str]:
     """stderr without DCP's own UserWarning about running without a process group (two lines each)."""

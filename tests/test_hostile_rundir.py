@@ -130,6 +130,7 @@ def test_run_dir_problems_name_the_entry(entry, make, why, tmp_path):
     assert why in problem, problem
 
 
+@pytest.mark.multiprocess
 def test_train_refuses_a_run_directory_with_a_symlinked_log(tmp_path):
     """`metrics.jsonl -> ../victim.txt`: refused before anything is written (exit 3, one line); the
     target is untouched and the run directory holds nothing new."""
@@ -144,6 +145,7 @@ def test_train_refuses_a_run_directory_with_a_symlinked_log(tmp_path):
     assert sorted(p.name for p in run.iterdir()) == ["metrics.jsonl"]
 
 
+@pytest.mark.multiprocess
 def test_debug_prints_the_traceback_as_well(tmp_path):
     run = tmp_path / "run"
     plant(run)
@@ -156,6 +158,7 @@ def test_debug_prints_the_traceback_as_well(tmp_path):
     assert proc.stderr.rstrip().splitlines()[-1].startswith("truestep train: refusing to use run directory")
 
 
+@pytest.mark.multiprocess
 def test_launch_refuses_it_before_the_supervisor_writes(tmp_path):
     run = tmp_path / "run"
     victim = plant(run)
@@ -193,6 +196,7 @@ def config_error(*overrides: str) -> str:
     return one_line(err)
 
 
+@pytest.mark.multiprocess
 @pytest.mark.parametrize(
     "override,why",
     [
@@ -224,6 +228,7 @@ def test_values_that_cannot_be_meant_are_refused(override, why):
     assert why in config_error(override)
 
 
+@pytest.mark.multiprocess
 def test_lr_inf_never_trains(tmp_path):
     """`--optim.lr=inf` ran to completion and committed a non-finite checkpoint: now exit 2 at once."""
     run = tmp_path / "run"
@@ -233,6 +238,7 @@ def test_lr_inf_never_trains(tmp_path):
     assert not run.exists()
 
 
+@pytest.mark.multiprocess
 def test_cuda_without_cuda_is_a_config_error_not_a_traceback(tmp_path):
     import torch
 
@@ -258,6 +264,7 @@ def test_expected_failure_names_a_full_disk_and_where():
     assert expected_failure(ValueError("a bug")) is None
 
 
+@pytest.mark.multiprocess
 def test_report_prints_one_line_and_only_on_rank_0(monkeypatch):
     from truestep.cli.main import main
 

@@ -11,6 +11,8 @@ import pytest
 
 from harness import launch, read_jsonl
 
+pytestmark = pytest.mark.multiprocess
+
 SHORT = ["--train.max_steps=1", "--checkpoint.interval=0", "--schedule.warmup_steps=0"]
 
 

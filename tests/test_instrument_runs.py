@@ -24,6 +24,8 @@ from truestep.analysis.runlog import RunLog
 from truestep.analysis.summary import analyze_run
 from truestep.analysis.verdict import Status
 
+pytestmark = pytest.mark.multiprocess
+
 MAX, STOP = 6, 5
 COMMON = [f"--train.max_steps={MAX}", "--checkpoint.interval=2", "--checkpoint.keep_last_n=0"]
 NOISE = "--train.emulate_nondeterminism=1e-3"

@@ -41,6 +41,7 @@ pytestmark = pytest.mark.usefixtures("offline")  # never reach the network (fixt
 # export --to hf: logits parity with transformers, for every layout the checkpoint was saved at
 
 
+@pytest.mark.multiprocess
 @needs_safetensors
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_export_hf_matches_transformers_logits(layout: str, runs, tmp_path: Path) -> None:
@@ -94,6 +95,7 @@ def test_export_hf_matches_transformers_logits(layout: str, runs, tmp_path: Path
     torch.testing.assert_close(theirs, ours, atol=1e-5, rtol=0)
 
 
+@pytest.mark.multiprocess
 @needs_safetensors
 def test_layouts_export_the_same_consolidated_tensors(runs, tmp_path: Path) -> None:
     """The same 3 steps at three layouts: consolidation reassembles full tensors from any sharding."""
@@ -108,6 +110,7 @@ def test_layouts_export_the_same_consolidated_tensors(runs, tmp_path: Path) -> N
 # round trip truestep -> HF -> truestep
 
 
+@pytest.mark.multiprocess
 @needs_safetensors
 @pytest.mark.parametrize("layout", ["single", "fsdp2", "tied-fsdp2"])
 def test_round_trip_is_bitwise(layout: str, runs, tmp_path: Path) -> None:
@@ -139,6 +142,7 @@ def test_round_trip_is_bitwise(layout: str, runs, tmp_path: Path) -> None:
     bitwise_equal(dict(model.state_dict()), original)
 
 
+@pytest.mark.multiprocess
 @needs_safetensors
 def test_import_refuses_an_existing_destination(ckpt, tmp_path: Path) -> None:
     (tmp_path / "out" / step_dir_name(0)).mkdir(parents=True)
@@ -154,6 +158,7 @@ def test_import_refuses_an_existing_destination(ckpt, tmp_path: Path) -> None:
 # sharded safetensors
 
 
+@pytest.mark.multiprocess
 @needs_safetensors
 def test_sharded_export_has_an_index_that_transformers_loads(runs, tmp_path: Path) -> None:
     ckpt_dir = runs["fsdp2"]

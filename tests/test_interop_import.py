@@ -37,7 +37,10 @@ from truestep.cli.interop import interop_main
 from truestep.core.errors import RefusedError
 from truestep.model.llama import Transformer, ffn_hidden_dim
 
-pytestmark = pytest.mark.usefixtures("offline")  # never reach the network (fixture in conftest.py)
+pytestmark = [
+    pytest.mark.multiprocess,
+    pytest.mark.usefixtures("offline"),
+]  # never reach the network (fixture in conftest.py)
 
 
 def test_module_entry_point(ckpt, tmp_path: Path) -> None:

@@ -223,6 +223,7 @@ def test_preset_parameter_counts_match_transformers(preset: str) -> None:
 # tied embeddings under tensor parallelism
 
 
+@pytest.mark.multiprocess
 def test_tied_embeddings_stay_tied_under_tp(runs) -> None:
     """TP gives the embedding and the output projection new parameters; they must be re-tied, or the run
     trains two matrices and the checkpoint holds two different ones."""

@@ -135,6 +135,7 @@ def test_data_tokenizer_does_not_follow_a_symlink(hf_data, tmp_path) -> None:
         data_tokenizer(copy, read_meta(copy))
 
 
+@pytest.mark.multiprocess
 def test_export_of_a_run_writes_its_tokenizer_and_ids(hf_run: Path, hf_data: Path, tmp_path: Path) -> None:
     transformers = transformers_or_skip()
     out = tmp_path / "hf"
@@ -150,6 +151,7 @@ def test_export_of_a_run_writes_its_tokenizer_and_ids(hf_run: Path, hf_data: Pat
     assert (tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id) == (1, 2, 3)
 
 
+@pytest.mark.multiprocess
 def test_export_without_the_data_directory_says_what_to_do(
     hf_run: Path, hf_data: Path, tmp_path: Path
 ) -> None:
@@ -178,6 +180,7 @@ def test_export_without_the_data_directory_says_what_to_do(
     assert rc == 3 and "beyond model.vocab_size=512" in err
 
 
+@pytest.mark.multiprocess
 def test_byte_tokenizer_export_is_exact_and_says_what_it_is(ckpt: Path, tmp_path: Path) -> None:
     transformers = transformers_or_skip()
     out = tmp_path / "hf"
@@ -235,6 +238,7 @@ def test_import_keeps_the_tokenizer_and_ids_through_a_round_trip(tmp_path: Path)
 # export --dtype
 
 
+@pytest.mark.multiprocess
 @pytest.mark.parametrize(("name", "dtype"), [("bf16", torch.bfloat16), ("fp16", torch.float16)])
 def test_export_dtype(name: str, dtype: torch.dtype, ckpt: Path, tmp_path: Path) -> None:
     from safetensors.torch import load_file
@@ -260,6 +264,7 @@ def test_export_dtype(name: str, dtype: torch.dtype, ckpt: Path, tmp_path: Path)
     assert all(state[k].dtype == dtype and torch.equal(state[k], original[k].to(dtype)) for k in original)
 
 
+@pytest.mark.multiprocess
 def test_fp16_export_refuses_weights_beyond_its_range(ckpt: Path, tmp_path: Path) -> None:
     from truestep.checkpoint.weights import read_model_config
 

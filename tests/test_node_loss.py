@@ -13,8 +13,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from harness import events, truestep_env
 from supervised import launch_cmd, supervisor_events, wait_for_event
+
+pytestmark = pytest.mark.multiprocess
 
 DETECT_S = 3.0
 

@@ -40,6 +40,7 @@ from truestep.resilience.nodes import JobNodes
 from truestep.telemetry.run_logs import RunLogs
 
 
+@pytest.mark.multiprocess
 def test_a_second_job_into_a_leased_directory_is_refused(supervised_reference: Path, tmp_path: Path) -> None:
     # Rank 0 is held stopped at step 6 (and continued below) so the job outlasts both intruders; neither
     # its stale heartbeat nor its stalled step may end the attempt meanwhile (on a loaded machine the two
@@ -65,6 +66,7 @@ def test_a_second_job_into_a_leased_directory_is_refused(supervised_reference: P
     assert_matches_reference(tmp_path, supervised_reference)
 
 
+@pytest.mark.multiprocess
 def test_supervisor_sigkill_takes_its_ranks_along_and_the_next_job_takes_over(
     supervised_reference: Path, tmp_path: Path
 ) -> None:
@@ -82,6 +84,7 @@ def test_supervisor_sigkill_takes_its_ranks_along_and_the_next_job_takes_over(
     assert_matches_reference(tmp_path, supervised_reference)
 
 
+@pytest.mark.multiprocess
 def test_a_rank_whose_supervisor_is_already_gone_exits_at_once(tmp_path: Path) -> None:
     # A supervisor pid that is not this rank's parent: it died before the rank asked to die with it.
     env = truestep_env({"TRUESTEP_SUPERVISOR_PID": "1", "TRUESTEP_ATTEMPT": "0", "TRUESTEP_JOB_ID": "j"})
@@ -92,6 +95,7 @@ def test_a_rank_whose_supervisor_is_already_gone_exits_at_once(tmp_path: Path) -
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.multiprocess
 def test_a_stale_attempt_is_fenced_before_it_publishes(tmp_path: Path) -> None:
     """Rank 0 is held inside the step-10 commit, just before the marker; meanwhile a newer attempt of
     the same job takes the lease (a requeue while this attempt was cut off). The stale attempt must
@@ -146,6 +150,7 @@ def test_commit_checks_the_fence(tmp_path: Path, newer: str) -> None:
     assert not (pending.ckpt_dir / MARKER).exists()
 
 
+@pytest.mark.multiprocess
 def test_lease_refuses_a_live_holder_and_takes_over_a_dead_one(tmp_path: Path) -> None:
     first = RunDirLease(tmp_path, "job-a", ttl_s=30)
     first.acquire()
@@ -181,6 +186,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.multiprocess
 def test_attempt_numbers_agree_across_nodes(supervised_reference: Path, tmp_path: Path) -> None:
     """Two supervisors, one per "node", share the run directory; a rank on node 1 is killed. Both
     nodes restart, and every record of one attempt carries one number."""

@@ -3,21 +3,25 @@ the data order is kept, RNG streams are re-derived and the event log says so."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from harness import LAYOUTS, events, launch, metrics
+from harness import LAYOUT_REFERENCE, LAYOUTS, events, launch, metrics
+
+pytestmark = pytest.mark.multiprocess
 
 MAX, STOP = 8, 4
 COMMON = [f"--train.max_steps={MAX}", "--checkpoint.interval=0", "--schedule.warmup_steps=2"]
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
-    run = tmp_path_factory.mktemp("reshard-ref")
-    launch(run, *COMMON)
-    return metrics(run)
+def reference(layout_reference: Callable[[str], Path]) -> list[dict]:
+    """The single-process run of this job: the same as the single layout's reference (conftest.py), so
+    a session that runs both computes it once."""
+    assert COMMON == LAYOUT_REFERENCE  # the shared run is this job's only while the two agree
+    return metrics(layout_reference("single"))
 
 
 @pytest.mark.parametrize(

@@ -29,6 +29,8 @@ from supervised import (
     wait_for_step,
 )
 
+pytestmark = pytest.mark.multiprocess
+
 
 @pytest.fixture
 def reference(supervised_reference: Path) -> Path:

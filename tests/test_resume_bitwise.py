@@ -15,6 +15,8 @@ from harness import LAYOUT_REFERENCE as COMMON
 from harness import LAYOUT_STEPS as MAX
 from harness import LAYOUTS, events, final_digest, launch, loss_bits_by_step, metrics
 
+pytestmark = pytest.mark.multiprocess
+
 
 @pytest.fixture(scope="module")
 def reference(layout_references: dict[str, Path]) -> dict[str, Path]:

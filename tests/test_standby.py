@@ -29,9 +29,12 @@ from supervised import (
     supervisor_events,
 )
 from truestep.config.load import load_config, to_toml
-from truestep.resilience.handoff import PER_ATTEMPT_ENV, adopted_env, env_differences
-from truestep.resilience.standby import RANK_COMMAND, Standby, StandbyPool
+from truestep.core.launch import Launch
+from truestep.resilience.handoff import PER_ATTEMPT_ENV, adopted_env, env_differences, parked_env
+from truestep.resilience.standby import Standby, StandbyPool
 from truestep.telemetry.jsonl import JsonlWriter, read_jsonl
+
+pytestmark = pytest.mark.multiprocess
 
 STALL_AT, CHECK_AT = 6, 7
 # The trajectory of the per-layout references (conftest.py). Attempt 0 stalls rank 0 before step
@@ -140,7 +143,8 @@ def test_a_standby_never_outlives_its_supervisor(tmp_path: Path) -> None:
 def test_only_the_per_attempt_variables_may_change_at_a_handoff() -> None:
     parked = {"OMP_NUM_THREADS": "1", "RANK": "1", "PATH": "/bin"}
     rank = {**parked, "MASTER_PORT": "1234", "TRUESTEP_ATTEMPT": "3"}
-    assert set(PER_ATTEMPT_ENV) == {"MASTER_PORT", "TRUESTEP_ATTEMPT"}
+    # The launch record's per-attempt fields: the attempt, its rendezvous port and its config file.
+    assert set(PER_ATTEMPT_ENV) == {"MASTER_PORT", "TRUESTEP_ATTEMPT", "TRUESTEP_CONFIG_FILE"}
     assert env_differences(parked, rank) == []
     assert env_differences(parked, {**rank, "OMP_NUM_THREADS": "2"}) == ["OMP_NUM_THREADS"]
     assert env_differences(parked, {k: v for k, v in rank.items() if k != "RANK"}) == ["RANK"]
@@ -165,15 +169,26 @@ def _fake_standby(slot: int, script: str, env: dict[str, str]) -> Standby:
     return Standby(slot, proc, ours, env, time.time())
 
 
-def test_a_standby_that_does_not_fit_is_discarded_and_the_rank_starts_cold(tmp_path: Path) -> None:
+def _record(tmp_path: Path, port: int = 1, attempt: int = 1) -> Launch:
+    """A rank's launch record whose config file does not exist: the rank it becomes (fresh or from a
+    standby) runs `truestep train`, reads the record and refuses the missing file (exit 2)."""
+    return Launch(master_port=port, attempt=attempt, config_file=str(tmp_path / "no-such-config.toml"))
+
+
+def test_a_standby_that_does_not_fit_is_discarded_and_the_rank_starts_cold(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
     writer = JsonlWriter(tmp_path / "events.jsonl")
     pool = StandbyPool(tmp_path, writer, enabled=True, heartbeats=True)
-    parked = {"PATH": os.environ["PATH"], "OMP_NUM_THREADS": "1"}
+    base = {"PATH": os.environ["PATH"], "OMP_NUM_THREADS": "1"}
+    launch = _record(tmp_path)
+    parked = parked_env({**base, **launch.to_env()})
     pool.standbys[0] = _fake_standby(0, "import time; time.sleep(60)", parked)
     sleeper = pool.standbys[0].proc
-    changed = {**parked, "OMP_NUM_THREADS": "2", "MASTER_PORT": "1"}
-    rank = pool.launch(0, [*RANK_COMMAND, "--help"], changed)
-    assert rank.wait(timeout=60) == 0  # a fresh `truestep train --help`
+    changed = {**base, "OMP_NUM_THREADS": "2"}
+    rank = pool.launch(0, _record(tmp_path, port=2, attempt=2), changed)
+    assert rank.wait(timeout=60) == 2  # a fresh `truestep train` that read its launch record
+    assert "no-such-config.toml" in capfd.readouterr().err
     assert rank.pid != sleeper.pid and sleeper.poll() is not None  # the standby was killed
     (discarded,) = [e for e in read_jsonl(tmp_path / "events.jsonl") if e["event"] == "standby_discarded"]
     assert discarded["reason"] == "the rank's environment differs in ['OMP_NUM_THREADS']"
@@ -184,22 +199,24 @@ def _real_pool(tmp_path: Path) -> tuple[StandbyPool, dict[str, str]]:
     """A pool whose slot 0 has a real `truestep standby` for the tiny config, just started."""
     config = tmp_path / "config.toml"
     config.write_text(to_toml(load_config("tiny", [f"--run.dir={tmp_path / 'run'}"])))
-    env = truestep_env({"MASTER_PORT": "1", "TRUESTEP_ATTEMPT": "1"})
+    base = truestep_env()
     pool = StandbyPool(tmp_path, JsonlWriter(tmp_path / "events.jsonl"), enabled=True, heartbeats=False)
-    pool.templates[0] = ([*RANK_COMMAND, str(config)], env)
+    pool.templates[0] = (Launch(master_port=1, attempt=1, config_file=str(config)), base)
     pool._spawn(0)
-    return pool, env
+    return pool, base
 
 
 def test_a_standby_still_importing_is_handed_its_rank_and_becomes_it(
     tmp_path: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
-    pool, env = _real_pool(tmp_path)
+    pool, base = _real_pool(tmp_path)
     standby = pool.standbys[0].proc
-    rank = pool.launch(0, [*RANK_COMMAND, "--help"], env)  # at once: it is still importing torch
+    # At once: it is still importing torch. The next attempt's record differs only per attempt.
+    rank = pool.launch(0, _record(tmp_path, port=2, attempt=2), base)
     assert rank is standby
-    assert rank.wait(timeout=120) == 0, capfd.readouterr().err
-    assert "usage: truestep train" in capfd.readouterr().out  # it ran what a fresh rank runs
+    assert rank.wait(timeout=120) == 2, capfd.readouterr().err
+    # It ran what a fresh rank runs: `truestep train`, with the record it was handed.
+    assert "config error" in (err := capfd.readouterr().err) and "no-such-config.toml" in err, err
     (handoff,) = [e for e in read_jsonl(tmp_path / "events.jsonl") if e["event"] == "standby_handoff"]
     assert handoff["ready"] is False and handoff["pid"] == rank.pid
 

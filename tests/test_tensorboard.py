@@ -13,6 +13,8 @@ import pytest
 
 from harness import launch, metrics
 
+pytestmark = pytest.mark.multiprocess
+
 event_accumulator = pytest.importorskip(
     "tensorboard.backend.event_processing.event_accumulator",
     reason="tensorboard is not installed (pip install 'truestep[dev]' or pip install tensorboard)",

@@ -25,6 +25,7 @@ def single(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return run
 
 
+@pytest.mark.multiprocess
 def test_metrics_and_events_schema(single: Path) -> None:
     rows = metrics(single)
     assert [r["step"] for r in rows] == list(range(1, MAX + 1))
@@ -41,6 +42,7 @@ def test_metrics_and_events_schema(single: Path) -> None:
     assert (single / "config.toml").is_file()
 
 
+@pytest.mark.multiprocess
 def test_grad_accumulation_matches_full_batch(single: Path, tmp_path: Path) -> None:
     """FSDP x2 with 2 micro-batches of 2 per rank = the same global batch of 8 as one process."""
     launch(tmp_path, *COMMON, "--train.micro_batch_size=2", nproc=2)
@@ -48,6 +50,7 @@ def test_grad_accumulation_matches_full_batch(single: Path, tmp_path: Path) -> N
         assert abs(a["loss"] - b["loss"]) < 2e-5, (a["step"], a["loss"], b["loss"])
 
 
+@pytest.mark.multiprocess
 def test_logged_loss_is_global_mean_not_rank0(tmp_path: Path) -> None:
     """With dp=2 each rank sees different samples; the logged loss must equal the single-process loss
     of the whole batch, which rank 0's local loss alone would not."""
@@ -58,6 +61,7 @@ def test_logged_loss_is_global_mean_not_rank0(tmp_path: Path) -> None:
     assert abs(metrics(one)[0]["loss"] - metrics(two)[0]["loss"]) < 1e-6
 
 
+@pytest.mark.multiprocess
 def test_bad_layout_rejected_before_process_group(tmp_path: Path) -> None:
     heads = ["--model.n_heads=8", "--model.n_kv_heads=4"]  # divisible by tp=4: only the world size is wrong
     proc = launch(tmp_path, *heads, "--parallel.tp=4", nproc=2, check=False, timeout=120)
@@ -66,6 +70,7 @@ def test_bad_layout_rejected_before_process_group(tmp_path: Path) -> None:
     assert not (tmp_path / "metrics.jsonl").exists()
 
 
+@pytest.mark.multiprocess
 def test_unknown_override_is_a_config_error(tmp_path: Path) -> None:
     cmd = [sys.executable, "-m", "truestep", "train", "tiny", f"--run.dir={tmp_path}", "--train.max_step=3"]
     proc = subprocess.run(cmd, env=truestep_env(), capture_output=True, text=True, timeout=60)
@@ -73,6 +78,7 @@ def test_unknown_override_is_a_config_error(tmp_path: Path) -> None:
     assert "unknown key train.max_step" in proc.stderr and "max_steps" in proc.stderr
 
 
+@pytest.mark.multiprocess
 def test_vocab_too_small_for_data(tmp_path: Path) -> None:
     proc = launch(tmp_path, "--model.vocab_size=128", check=False, timeout=120)
     assert proc.returncode != 0 and "exceeds model.vocab_size=128" in proc.stderr

@@ -25,6 +25,8 @@ from multinode import (
 from truestep.resilience.heartbeat import FENCE_CHECK_S
 from truestep.telemetry.jsonl import read_jsonl
 
+pytestmark = pytest.mark.slurm
+
 PORT = 29500
 """The rendezvous port: each node has its own network stack, so no other test can hold it there."""
 

@@ -13,6 +13,7 @@ import json
 import re
 import time
 
+import pytest
 from multinode import (
     DETECT_CRASH_S,
     STEPS,
@@ -31,6 +32,8 @@ from truestep.analysis.mttr import incidents
 from truestep.analysis.runlog import RunLog
 from truestep.config.schema import ResilienceConfig
 from truestep.telemetry.jsonl import read_jsonl
+
+pytestmark = pytest.mark.slurm
 
 DONE = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED", "BOOT_FAIL"}
 DEFAULTS = ResilienceConfig()

@@ -27,6 +27,8 @@ import supervised
 from harness import TINY, final_digest, loss_bits_by_step, truestep_env
 from truestep.telemetry.jsonl import read_jsonl
 
+pytestmark = pytest.mark.slurm
+
 # ~300 tiny steps take 15-25 s on 2 busy cores: long enough to interrupt mid-run, short enough for CI.
 STEPS = int(os.environ.get("TRUESTEP_SLURM_STEPS", "300"))
 TRAIN_OVERRIDES = [*TINY, "--checkpoint.interval=5"]

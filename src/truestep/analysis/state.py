@@ -9,8 +9,9 @@ taken per tensor and per kind (`params`, and each optimizer-state name: `exp_avg
 elements), and the report lists the tensors that moved most.
 
 Checkpoints are read with the safe reader (checkpoint/state_reader.py: no unpickling, no process group),
-only committed ones, only from `<run>/checkpoints/` (a path no log file can redirect), a bounded number
-of bytes at a time. torch is imported only when checkpoints are actually read.
+only committed ones, only from the run's checkpoint root (checkpoint/catalog.py: `run_checkpoint_root`,
+the same answer training used: `checkpoint.dir` of the run's own config.toml, else `<run>/checkpoints/`;
+no log file can redirect it), a bounded number of bytes at a time. torch is imported only when checkpoints are actually read.
 """
 
 from __future__ import annotations
@@ -20,8 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from truestep.checkpoint.catalog import committed_dirs, step_of
-from truestep.core.names import CHECKPOINTS_DIR
+from truestep.checkpoint.catalog import committed_dirs, run_checkpoint_root, step_of
 
 if TYPE_CHECKING:
     from truestep.checkpoint.weights import TensorMeta
@@ -58,8 +58,8 @@ def kind_of(key: str) -> tuple[str, str]:
 
 
 def checkpoints(run_dir: Path) -> dict[int, Path]:
-    """Step -> committed checkpoint directory under `<run_dir>/checkpoints/`."""
-    root = run_dir / CHECKPOINTS_DIR
+    """Step -> committed checkpoint directory of the run in `run_dir` (wherever it kept them)."""
+    root = run_checkpoint_root(run_dir)
     return {step: d for d in committed_dirs(root) if (step := step_of(d)) is not None}
 
 

@@ -13,10 +13,16 @@ import os
 import re
 import stat
 import time
+import tomllib
 from pathlib import Path
 
 from truestep.checkpoint.errors import SetAsideError
-from truestep.core.names import CHECKPOINTS_DIR
+from truestep.core.errors import RefusedError
+from truestep.core.fsio import read_regular
+from truestep.core.names import CHECKPOINTS_DIR, CONFIG_FILE
+
+RUN_CONFIG_LIMIT = 1 << 20
+"""A run directory's config.toml is a few KiB; a larger one is not truestep's."""
 
 MARKER = "COMMITTED"
 """Commit marker: JSON {step, manifest_sha256, incarnation}; written last, atomically, by rank 0."""
@@ -75,11 +81,41 @@ def is_set_aside(path: Path) -> bool:
     return step_of(path) is None and _SET_ASIDE.match(path.name) is not None
 
 
+def run_checkpoint_root(run_dir: Path, configured: str | None = None) -> Path:
+    """Where the run in `run_dir` keeps its checkpoints -- the one answer, for training, `ckpt`, export
+    and the analysis: `checkpoint.dir` when set, else `<run_dir>/checkpoints`. `configured` is that
+    setting (a live run passes its own); None reads it from the run's resolved config (`config.toml`,
+    written by the run at every start; absent: the default). RefusedError when that file is there but
+    is not a readable config (a symlink, too large, not TOML)."""
+    if configured is None:
+        configured = _configured_dir(run_dir)
+    return Path(configured) if configured else run_dir / CHECKPOINTS_DIR
+
+
+def _configured_dir(run_dir: Path) -> str:
+    path = run_dir / CONFIG_FILE
+    try:
+        data = read_regular(path, RUN_CONFIG_LIMIT)
+    except FileNotFoundError:
+        return ""
+    except OSError as err:
+        raise RefusedError(f"cannot tell where {run_dir} keeps its checkpoints: {path}: {err}") from None
+    try:
+        section = tomllib.loads(data.decode()).get("checkpoint", {})
+    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as err:
+        raise RefusedError(f"cannot tell where {run_dir} keeps its checkpoints: {path}: {err}") from None
+    configured = section.get("dir", "") if isinstance(section, dict) else ""
+    if not isinstance(configured, str):
+        raise RefusedError(f"{path}: checkpoint.dir is {configured!r}, not a path")
+    return configured
+
+
 def checkpoint_root(path: Path) -> Path:
-    """The checkpoint root for `path`: a run directory (holding checkpoints/) or a root itself."""
-    if (path / CHECKPOINTS_DIR).is_dir() and not step_dirs(path):
-        return path / CHECKPOINTS_DIR
-    return path
+    """The checkpoint root for `path`: a root itself (it holds checkpoints), or a run directory (one
+    with checkpoints/ or a config.toml): its `run_checkpoint_root`."""
+    if step_dirs(path) or not ((path / CHECKPOINTS_DIR).is_dir() or (path / CONFIG_FILE).is_file()):
+        return path
+    return run_checkpoint_root(path)
 
 
 def _real_dirs(parent: Path) -> list[Path]:

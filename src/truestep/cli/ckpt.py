@@ -67,7 +67,8 @@ def _checkpoint_dir(path: Path) -> Path:
         raise _UsageError(f"{path}: not a directory")
     if not is_checkpoint_dir(path):
         hint = ""
-        if any(is_checkpoint_dir(p) for p in checkpoint_root(path).iterdir()):
+        root = checkpoint_root(path)
+        if root.is_dir() and any(is_checkpoint_dir(p) for p in root.iterdir()):
             hint = f"; to see the checkpoints under it: truestep ckpt list {path}"
         raise _UsageError(f"{path}: not a checkpoint directory (step_XXXXXXXX){hint}")
     return path

@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import argparse
-import os
 from pathlib import Path
 
 from truestep.config.load import load_config
 from truestep.config.validate import validate_layout
-from truestep.core.names import ENV_FAULTS, ENV_JOB_ID
+from truestep.core.launch import Launch
+from truestep.core.names import ENV_JOB_ID
 from truestep.core.rundir import check_run_dir
-from truestep.faults.spec import parse_faults, requested_faults
-from truestep.resilience.lease import job_id
+from truestep.faults.spec import parse_faults
 from truestep.resilience.supervisor import LaunchSpec, run_supervisor
 
 
@@ -47,19 +46,18 @@ def launch_main(argv: list[str]) -> int:
     if args.nnodes > 1 and not args.master_port:
         parser.error("--master-port is required with --nnodes > 1 (all nodes must agree on it)")
     cfg = load_config(args.config, overrides)
-    faults = requested_faults(args.fault)
-    for spec in parse_faults(faults):  # reject a bad spec here, not in N children
+    launch = Launch.from_env().with_faults(args.fault)  # what every rank's launch record inherits
+    for spec in parse_faults(launch.faults):  # reject a bad spec here, not in N children
         if spec.node is not None and not 0 <= spec.node < args.nnodes:
             parser.error(
                 f"fault {spec.text!r}: node {spec.node} is not one of this job's {args.nnodes} nodes"
             )
-    if faults:
-        os.environ[ENV_FAULTS] = faults
     validate_layout(cfg, args.nproc * args.nnodes)  # fail here, not in N children
     check_run_dir(Path(cfg.run.dir))  # before the supervisor writes its first event into it
-    job = args.job_id or os.environ.get(ENV_JOB_ID) or os.environ.get("SLURM_JOB_ID")
-    if not job:
-        job = f"{args.master_addr}:{args.master_port}" if args.nnodes > 1 else job_id()
+    # The nodes of a multi-node job agree on their rendezvous: without an id given, that names the job.
+    job = args.job_id or launch.job_identity(
+        f"{args.master_addr}:{args.master_port}" if args.nnodes > 1 else ""
+    )
     spec = LaunchSpec(
         nproc=args.nproc,
         max_restarts=args.max_restarts,
@@ -68,5 +66,6 @@ def launch_main(argv: list[str]) -> int:
         master_addr=args.master_addr,
         master_port=args.master_port,
         job_id=job,
+        launch=launch,
     )
     return run_supervisor(spec, cfg)

@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import importlib
-import os
 import sys
 from collections.abc import Callable
 
 from truestep.config.errors import ConfigError
-from truestep.core.env import world_from_env
 from truestep.core.errors import expected_failure
-from truestep.core.names import ENV_DEBUG
+from truestep.core.launch import Launch, LaunchError, debug_requested, request_debug
 
 USAGE = """usage: truestep [--debug] COMMAND [ARGS]
 
@@ -91,8 +89,8 @@ def main(argv: list[str] | None = None) -> int:
     debug = bool(argv) and argv[0] == "--debug"
     if debug:
         argv = argv[1:]
-        os.environ[ENV_DEBUG] = "1"  # ranks spawned by `launch` inherit it
-    debug = debug or os.environ.get(ENV_DEBUG) == "1"
+        request_debug()  # ranks spawned by `launch` inherit it
+    debug = debug or debug_requested()
     if not argv or argv[0] in ("-h", "--help"):
         print(USAGE)
         return 0 if argv else 2
@@ -102,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
         from truestep.resilience import early_signals
         from truestep.resilience.orphan import die_with_supervisor
 
-        die_with_supervisor()
+        die_with_supervisor(_own_launch().supervisor_pid)
         if argv[0] == "train":
             early_signals.capture()
     name, rest = argv[0], argv[1:]
@@ -124,9 +122,18 @@ def report(command: str, err: Exception, debug: bool = False) -> int:
         raise err
     code, line = failure
     kind = "config error: " if isinstance(err, ConfigError) else ""
-    if command != "train" or world_from_env()[0] == 0:
+    if command != "train" or _own_launch().rank == 0:
         print(f"truestep {command}: {kind}{line}", file=sys.stderr)
     return code
+
+
+def _own_launch() -> Launch:
+    """This process's launch record; a malformed one reads as a single process here (`truestep train`
+    reads it again and refuses it, exit 2)."""
+    try:
+        return Launch.from_env()
+    except LaunchError:
+        return Launch()
 
 
 if __name__ == "__main__":

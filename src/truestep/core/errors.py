@@ -12,6 +12,8 @@ from __future__ import annotations
 import enum
 import errno
 import os
+import sys
+from typing import NoReturn
 
 
 class ExitCode(enum.IntEnum):
@@ -41,11 +43,70 @@ class ExitCode(enum.IntEnum):
     """Ctrl-C (SIGINT): emergency checkpoint committed, not requeued."""
 
 
-NOT_RETRYABLE = frozenset(
-    {ExitCode.USAGE, ExitCode.REFUSED, ExitCode.BUSY, ExitCode.FENCED, ExitCode.STORAGE}
-)
+class Outcome(enum.StrEnum):
+    """How a process ended -- a rank, a supervisor, a peer node -- classified once from its exit code
+    (`of`), for everyone who acts on it: the supervisor (restart, stop, pass on), the peer link (did
+    a node leave in order?), the node-loss rule (what survivors exit with), the experiment runner and
+    the sbatch script (requeue?)."""
+
+    CLEAN = "clean"
+    """0: finished."""
+    REQUEUE = "requeue"
+    """The requeue code (`resilience.requeue_exit_code`, 75) or one above it (the forced exit, 76)."""
+    REFUSED = "refused"
+    """2, 3, 4: bad arguments or config, refused input, run directory in use."""
+    FENCED = "fenced"
+    """5: a newer attempt owns the run directory."""
+    STORAGE = "storage"
+    """6: the filesystem refused a write."""
+    NODE_LOST = "node_lost"
+    """77: another node of the job was lost."""
+    INTERRUPTED = "interrupted"
+    """130: Ctrl-C."""
+    FAILED = "failed"
+    """1, killed by a signal (negative, as subprocess reports it), or any other code."""
+
+    @classmethod
+    def of(cls, code: int, requeue_code: int = ExitCode.REQUEUE) -> Outcome:
+        """The outcome of exit code `code`, where `requeue_code` is the configured requeue code."""
+        if code in (requeue_code, requeue_code + 1):  # validated to be none of the codes below
+            return cls.REQUEUE
+        return _OUTCOME_OF_CODE.get(code, cls.FAILED)
+
+    @property
+    def orderly(self) -> bool:
+        """It ended as it was asked to (finished, preempted, interrupted): not a failure of its attempt,
+        and its peers end the same way."""
+        return self in (Outcome.CLEAN, Outcome.REQUEUE, Outcome.INTERRUPTED)
+
+    @property
+    def retryable(self) -> bool:
+        """Another attempt can change it: a supervisor may restart in place. Refusals, a fence and a
+        refusing filesystem cannot be fixed by one: the supervisor stops and passes the code on."""
+        return self not in (Outcome.REFUSED, Outcome.FENCED, Outcome.STORAGE)
+
+    @property
+    def requeue(self) -> bool:
+        """A scheduler should requeue the job: preempted, a node lost, or failed. Never a refusal (a
+        retry cannot help) or an interrupt (it would undo the user's decision)."""
+        return self in (Outcome.REQUEUE, Outcome.NODE_LOST, Outcome.FAILED)
+
+
+_OUTCOME_OF_CODE = {
+    ExitCode.OK: Outcome.CLEAN,
+    ExitCode.USAGE: Outcome.REFUSED,
+    ExitCode.REFUSED: Outcome.REFUSED,
+    ExitCode.BUSY: Outcome.REFUSED,
+    ExitCode.FENCED: Outcome.FENCED,
+    ExitCode.STORAGE: Outcome.STORAGE,
+    ExitCode.NODE_LOST: Outcome.NODE_LOST,
+    ExitCode.INTERRUPTED: Outcome.INTERRUPTED,
+}
+"""Every fixed code; the requeue code and 1/anything else are decided in `Outcome.of`."""
+
+NOT_RETRYABLE = frozenset(code for code in ExitCode if not Outcome.of(code).retryable)
 """Rank exit codes another attempt cannot change: a supervisor stops and passes them on."""
-NO_REQUEUE = tuple(sorted(NOT_RETRYABLE | {ExitCode.INTERRUPTED}))
+NO_REQUEUE = tuple(sorted(c for c in ExitCode if c != ExitCode.OK and not Outcome.of(c).requeue))
 """Exit codes a scheduler must not requeue: retrying cannot help or would undo the user's decision
 (scripts/slurm/train.sbatch's TRUESTEP_NO_REQUEUE_CODES default lists the same)."""
 
@@ -150,3 +211,14 @@ class NodeLostError(TruestepError):
     """Another node of the job is gone; this node stops so that the scheduler requeues the job."""
 
     exit_code = ExitCode.NODE_LOST
+
+
+def end_process(exit_code: int) -> NoReturn:
+    """Exit with `exit_code` through `os._exit`: a normal interpreter exit sometimes aborts in a C++
+    destructor after training finished ("terminate called without an active exception", seen under
+    gloo and, rarely, single-process with DCP's background threads), turning a finished run into a
+    failed one. Only a process's entry point calls this (cli/train.py, a benchmark's worker), after its
+    logs are closed and it left the process group."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(exit_code)

@@ -59,6 +59,8 @@ ENV_JOB_GENERATION = "TRUESTEP_JOB_GENERATION"
 Lets the nodes of a relaunched multi-node job tell node 0's new lease from the last launch's."""
 ENV_CONFIG_FILE = "TRUESTEP_CONFIG_FILE"
 """Set by the supervisor: the resolved, validated config file of this attempt that ranks load."""
+ENV_RUN_DIR = "TRUESTEP_RUN_DIR"
+"""Set by the supervisor: the run directory its ranks must train in (checked against their config)."""
 ENV_DEBUG = "TRUESTEP_DEBUG"
 """Set (to 1) by `truestep --debug`: expected errors print their traceback too, in every process of the
 job (the supervisor's ranks inherit it)."""

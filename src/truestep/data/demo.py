@@ -15,7 +15,7 @@ import sysconfig
 import uuid
 from pathlib import Path
 
-from truestep.core.names import ENV_CACHE
+from truestep.core.launch import cache_root
 from truestep.data.errors import DataError
 from truestep.data.meta import verify_data_dir
 from truestep.data.shards import is_replaceable_dir, prepare_data
@@ -55,7 +55,7 @@ def demo_corpus_files(max_bytes: int = DEMO_MAX_BYTES) -> list[Path]:
 
 def default_demo_dir() -> Path:
     """`$TRUESTEP_CACHE/demo-<python version>`, or under ~/.cache/truestep when unset."""
-    root = os.environ.get(ENV_CACHE)
+    root = cache_root()
     base = Path(root).expanduser() if root else Path.home() / ".cache" / "truestep"
     return base / f"demo-{platform.python_version()}"
 

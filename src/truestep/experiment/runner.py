@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from truestep.config.load import load_config
-from truestep.core.errors import NO_REQUEUE, ExitCode
+from truestep.core.errors import Outcome
 from truestep.core.names import ENV_FAULTS, ENV_JOB_GENERATION, ENV_JOB_START, METRICS_FILE
 
 GROUP_NOTES = "groups"
@@ -77,8 +77,9 @@ def run_job(spec: JobSpec, run_dir: Path, log: Path | None = None) -> int:
 def _run_nodes(
     spec: JobSpec, cmd: list[str], env: dict[str, str], run_dir: Path, requeue_code: int, log: Path | None
 ) -> int:
-    """One supervisor per node, relaunched together while the job asks for a requeue."""
-    requeue = {requeue_code, requeue_code + 1, ExitCode.NODE_LOST}
+    """One supervisor per node, relaunched together while the job asks for a requeue: a node stopped
+    for one (preempted, a node lost) or was killed (negative: a signal); not when it gave up (1)."""
+    outcomes = {Outcome.REQUEUE, Outcome.NODE_LOST}
     job = f"experiment-{run_dir.name}-{os.getpid()}"
     codes = [1]
     for generation in range(spec.max_requeues + 1):
@@ -99,10 +100,11 @@ def _run_nodes(
             codes = [proc.wait() for proc in procs]
         if all(code == 0 for code in codes):
             return 0
-        refused = [code for code in codes if code in NO_REQUEUE]
+        ended = [Outcome.of(code, requeue_code) for code in codes]
+        refused = [code for code, outcome in zip(codes, ended, strict=True) if not outcome.requeue and code]
         if refused:
             return refused[0]
-        if not any(code in requeue or code < 0 for code in codes):
+        if not any(outcome in outcomes or code < 0 for code, outcome in zip(codes, ended, strict=True)):
             return max(codes)  # the supervisors gave up
         time.sleep(spec.requeue_delay_s)
     return next((code for code in codes if code != 0), 1)

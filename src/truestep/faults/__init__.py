@@ -8,7 +8,6 @@ from truestep.faults.spec import (
     campaign,
     parse_fault,
     parse_faults,
-    requested_faults,
 )
 
 __all__ = [
@@ -21,6 +20,5 @@ __all__ = [
     "parse_fault",
     "parse_faults",
     "poison_loss",
-    "requested_faults",
     "set_context",
 ]

@@ -1,8 +1,9 @@
 """Fault points compiled into the code paths that matter, and what an armed fault does there.
 
-Inert unless armed: with no spec, `fault_point` is one dict lookup. Specs are armed explicitly by
-`truestep train` (from --fault and TRUESTEP_FAULTS, parsed and checked at start-up) via `arm`; nothing
-happens at import. Every fault that fires is announced on stderr and, when a run directory is known,
+Inert unless armed: with no spec, `fault_point` is one dict lookup. Specs are armed explicitly by a
+rank at start-up (train/rank.py: its launch record's faults, from --fault and TRUESTEP_FAULTS, parsed
+and checked) via `arm`, which also hands over who the rank is (rank, node, attempt, job clock,
+supervisor) from that record; nothing happens at import. Every fault that fires is announced on stderr and, when a run directory is known,
 written to its events.jsonl as `fault_injected` with its wall-clock time: detection latency and MTTR are
 measured from the true fault time. The trainer hands over what a fault needs to know through
 `set_context` (run directory, attempt number, where the newest committed checkpoint is).
@@ -21,9 +22,9 @@ from pathlib import Path
 from typing import Any
 
 import truestep
-from truestep.core.env import world_from_env
 from truestep.core.fsio import append_bytes
-from truestep.core.names import ENV_ATTEMPT, ENV_JOB_START, ENV_SUPERVISOR_PID, EVENTS_FILE
+from truestep.core.launch import Launch
+from truestep.core.names import EVENTS_FILE
 from truestep.faults.spec import FaultSpec
 
 _ARMED: dict[str, list[FaultSpec]] = {}
@@ -31,10 +32,24 @@ _CONTEXT: dict[str, Any] = {}
 _last_step_mark: list[float] = []
 
 
-def arm(specs: list[FaultSpec]) -> None:
+def arm(specs: list[FaultSpec], launch: Launch | None = None) -> None:
+    """Arm `specs` in this process, which is the rank `launch` describes (default: this process's own
+    launch record)."""
     _ARMED.clear()
+    _CONTEXT["launch"] = launch if launch is not None else Launch.from_env()
     for spec in specs:
         _ARMED.setdefault(spec.at, []).append(spec)
+
+
+def disarm() -> None:
+    """Nothing armed, nothing known: the state before `arm` (a rank that returned, in-process)."""
+    _ARMED.clear()
+    _CONTEXT.clear()
+    _last_step_mark.clear()
+
+
+def _launch() -> Launch:
+    return _CONTEXT.get("launch") or Launch()
 
 
 def armed() -> list[FaultSpec]:
@@ -54,17 +69,21 @@ def set_context(
 
 
 def _attempt() -> int:
-    return _CONTEXT.get("attempt", int(os.environ.get(ENV_ATTEMPT, "0")))
+    return _CONTEXT.get("attempt", _launch().attempt or 0)
 
 
 def _elapsed() -> float:
     # Without a job clock: since this process started (a warm standby's start is its handoff).
-    return time.time() - float(os.environ.get(ENV_JOB_START, truestep.STARTED_AT))
+    return time.time() - (_launch().job_start or truestep.STARTED_AT)
 
 
 def _node() -> tuple[int, int]:
-    """(this rank's node in a multi-node job, its rank on that node), from the supervisor's environment."""
-    return int(os.environ.get("GROUP_RANK", "0")), world_from_env()[2]
+    """(this rank's node in a multi-node job, its rank on that node), from its launch record."""
+    return _launch().node, _launch().local_rank
+
+
+def _supervisor_or_self() -> int:
+    return _launch().supervisor_pid or os.getpid()
 
 
 def _due(spec: FaultSpec, step: int | None, rank: int, attempt: int) -> bool:
@@ -84,7 +103,7 @@ def _fire(name: str, step: int | None) -> list[FaultSpec]:
     specs = _ARMED.get(name)
     if not specs:
         return []
-    rank = world_from_env()[0]
+    rank = _launch().rank
     fired = [s for s in specs if _due(s, step, rank, _attempt())]
     for spec in fired:
         if spec.kind != "slow":
@@ -138,7 +157,7 @@ def fault_point(name: str, step: int | None = None) -> None:
     for spec in _fire(name, step):
         if spec.kind == "kill" and spec.node is not None:
             # The whole node: its supervisor first (its other ranks die with it: PR_SET_PDEATHSIG).
-            os.kill(int(os.environ.get(ENV_SUPERVISOR_PID, os.getpid())), signal.SIGKILL)
+            os.kill(_supervisor_or_self(), signal.SIGKILL)
             os.kill(os.getpid(), signal.SIGKILL)
         elif spec.kind in ("crash", "kill"):
             os.kill(os.getpid(), signal.SIGKILL)
@@ -146,7 +165,7 @@ def fault_point(name: str, step: int | None = None) -> None:
             os.kill(os.getpid(), signal.SIGSTOP)
         elif spec.kind == "term":
             # The scheduler's preemption reaches the whole job: through the supervisor when there is one.
-            os.kill(int(os.environ.get(ENV_SUPERVISOR_PID, os.getpid())), signal.SIGTERM)
+            os.kill(_supervisor_or_self(), signal.SIGTERM)
         elif spec.kind == "corrupt":
             _corrupt_newest_committed()
             os.kill(os.getpid(), signal.SIGKILL)

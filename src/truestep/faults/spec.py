@@ -20,12 +20,10 @@ Low-level forms used by tests: `crash:at=POINT`, `sleep:at=POINT:seconds=S`.
 
 from __future__ import annotations
 
-import os
 import random
 from dataclasses import dataclass, field, replace
 
 from truestep.core.errors import UsageError
-from truestep.core.names import ENV_FAULTS
 
 SAVE_PHASES = (
     "before-shards",
@@ -150,11 +148,6 @@ def parse_fault(item: str) -> FaultSpec:
 
 def parse_faults(text: str) -> list[FaultSpec]:
     return [parse_fault(item) for item in text.split(";") if item.strip()]
-
-
-def requested_faults(cli_specs: list[str]) -> str:
-    """Every fault asked for: TRUESTEP_FAULTS (how supervisors and experiments arm ranks) plus --fault."""
-    return ";".join(filter(None, [os.environ.get(ENV_FAULTS, ""), *cli_specs]))
 
 
 def campaign(count: int, seed: int, max_steps: int, world_size: int, interval: int) -> list[str]:

@@ -5,10 +5,11 @@ A run without torchrun-style environment variables is a single process with no p
 
 from __future__ import annotations
 
-import os
 import sys
+import traceback
 from dataclasses import dataclass, field
 from datetime import timedelta
+from typing import NoReturn
 
 import torch
 import torch.distributed as dist
@@ -17,7 +18,8 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from truestep.config.errors import ConfigError
 from truestep.config.schema import JobConfig
 from truestep.config.validate import validate_layout
-from truestep.core.env import world_from_env
+from truestep.core.errors import end_process
+from truestep.core.launch import Launch
 
 
 @dataclass
@@ -84,9 +86,11 @@ def pick_backend(cfg: JobConfig, device: torch.device) -> str:
     return "nccl" if device.type == "cuda" else "gloo"
 
 
-def init_distributed(cfg: JobConfig) -> DistContext:
-    """Validate the layout against the world size first, then (if world > 1) build the 2-D mesh."""
-    rank, world, local = world_from_env()
+def init_distributed(cfg: JobConfig, launch: Launch | None = None) -> DistContext:
+    """Validate the layout against the world size first, then (if world > 1) build the 2-D mesh.
+    `launch`: who this process is (default: its own launch record, core/launch.py)."""
+    launch = launch if launch is not None else Launch.from_env()
+    rank, world, local = launch.rank, launch.world_size, launch.local_rank
     dp, tp = validate_layout(cfg, world)
     torch.set_num_threads(cfg.parallel.num_threads)
     device = pick_device(cfg, local)
@@ -113,20 +117,29 @@ def init_distributed(cfg: JobConfig) -> DistContext:
     )
 
 
-def shutdown(ctx: DistContext, exit_code: int = 0, clean: bool = True) -> None:
-    """Leave and exit. A clean distributed exit barriers and destroys the group first; `clean=False`
-    (an error some ranks may not share) skips the barrier, which could wait for a rank that left.
-    Then `os._exit`: a normal interpreter exit sometimes aborts in a C++ destructor after training
-    finished ("terminate called without an active exception", seen under gloo and, rarely,
-    single-process with DCP's background threads), turning a finished run into a failed one. Callers
-    close their logs first."""
+def leave(ctx: DistContext, clean: bool = True, debug: bool = False) -> None:
+    """Leave the process group. A clean distributed exit barriers and destroys the group first;
+    `clean=False` (an error some ranks may not share) skips the barrier, which could wait for a rank
+    that left. A barrier that fails (a peer already gone) changes nothing about how this rank ended:
+    its exit code says that already, so the failure is shown only with `truestep --debug`."""
     sys.stdout.flush()
     sys.stderr.flush()
+    if not (ctx.distributed and clean):
+        return
     try:
-        if ctx.distributed and clean:
-            dist.barrier()
-            dist.destroy_process_group()
+        dist.barrier()
+        dist.destroy_process_group()
+    except Exception as err:  # noqa: BLE001 - see the docstring: the exit code is already decided
+        if debug:
+            traceback.print_exception(err)
     finally:
         sys.stdout.flush()
         sys.stderr.flush()
-        os._exit(exit_code)
+
+
+def shutdown(ctx: DistContext, exit_code: int = 0, clean: bool = True) -> NoReturn:
+    """`leave`, then `end_process`: for scripts whose whole process is one rank (benchmarks)."""
+    try:
+        leave(ctx, clean)
+    finally:
+        end_process(exit_code)

@@ -1,22 +1,22 @@
 """Which attempt this rank belongs to, and the fence that tells it when that attempt is over.
 
-Under `truestep launch` the supervisor holds the run directory lease and hands every rank the job id
-and the attempt number (the lease's incarnation); the rank checks the lease still names them before it
-writes anything, and its heartbeat keeps checking. Standard library only: it runs before torch is
-imported, so the first heartbeat is not delayed by imports.
+An attempt is begun in one place, `begin_attempt`: by node 0's supervisor (`truestep launch`, also
+under SLURM) for its whole job, or by rank 0 of a job without one (torchrun, a plain `truestep train`).
+It bumps the run directory lease's incarnation -- the job-wide attempt number -- and returns it with
+its fence. A supervised rank learns its attempt from its launch record (`supervised_attempt`), checks
+the lease still names it before it writes anything, and its heartbeat keeps checking. Standard library
+only: it runs before torch is imported, so the first heartbeat is not delayed by imports.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
-from truestep.core.names import ENV_ATTEMPT, ENV_JOB_ID
+from truestep.core.launch import Launch
 from truestep.resilience.lease import RunDirLease, check_fence
-from truestep.resilience.orphan import supervisor_pid
 
 
 @dataclass
@@ -30,12 +30,27 @@ class Attempt:
     """The lease, when this process holds it (a rank started without a supervisor)."""
 
 
-def supervised_attempt(run_dir: Path) -> Attempt | None:
+def begin_attempt(lease: RunDirLease) -> Attempt:
+    """Start the next attempt of the job that holds `lease` (node 0's supervisor, or rank 0 of an
+    unsupervised job): bump the incarnation and return the attempt with its fence."""
+    number = lease.begin_attempt()
+    fence = partial(check_fence, lease.run_dir, lease.job, number, generation=lease.generation)
+    return Attempt(number, lease.job, fence, lease)
+
+
+def supervised_attempt(run_dir: Path, launch: Launch) -> Attempt | None:
     """The attempt the supervisor started this rank for (fence-checked now), or None when unsupervised."""
-    if supervisor_pid() is None:
+    number = launch.supervised_attempt()
+    if number is None:
         return None
-    number, job = int(os.environ[ENV_ATTEMPT]), os.environ[ENV_JOB_ID]
     # Ranks on node 0 end before their supervisor releases the lease; the other nodes' may outlive it.
-    fence = partial(check_fence, run_dir, job, number, ended_ok=os.environ.get("GROUP_RANK", "0") != "0")
+    fence = partial(
+        check_fence,
+        run_dir,
+        launch.job,
+        number,
+        ended_ok=launch.node != 0,
+        generation=launch.generation,
+    )
     fence()
-    return Attempt(number, job, fence)
+    return Attempt(number, launch.job, fence)

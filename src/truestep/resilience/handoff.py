@@ -1,16 +1,17 @@
 """The warm standby's side of a restart: get ready, park, and become a rank exactly as a fresh process would.
 
 A standby is `python -m truestep standby FD CONFIG`, started by the supervisor (resilience/standby.py)
-with the environment its rank slot will have, minus the variables that change from one attempt to the
-next (`PER_ATTEMPT_ENV`). It dies with the supervisor like a rank does (cli/main.py calls
+with the environment its rank slot will have, minus the launch-record fields that change from one
+attempt to the next (`PER_ATTEMPT_ENV`: attempt, rendezvous port, attempt config file). It dies with the supervisor like a rank does (cli/main.py calls
 `die_with_supervisor` first), runs the warm-up it is given (imports: torch, truestep, what the config's
 run will import lazily), reports ready with its memory footprint on the socket FD, and blocks on that
-socket. The supervisor then either closes the socket (EOF: exit 0, nothing happened) or sends one
-handoff: the argv and the complete environment of a rank. The standby checks that nothing but the
-per-attempt variables differ from what it was started (and imported torch) with, adopts that
-environment and argv, undoes what the warm-up changed in process-global state, resets the process
-clock, and returns the argv for `truestep.cli.main.main` — the same entry a fresh rank runs, so early
-signal capture, fault arming, the lease fence and the heartbeat all start from the handoff on.
+socket. The supervisor then either closes the socket (EOF: exit 1, nothing happened) or sends one
+handoff: the rank's launch record whole (core/launch.py) and the environment it goes on top of. The
+standby checks the record, and that nothing but the per-attempt fields differ from what it was started
+(and imported torch) with, adopts that environment, undoes what the warm-up changed in process-global
+state, resets the process clock, and returns the argv of a rank, `train`, for `truestep.cli.main.main`
+— the same entry a fresh rank runs with the same record, so early signal capture, fault arming, the
+lease fence and the heartbeat all start from the handoff on.
 
 Wire format: one JSON object per line, each way (`ready` from the standby, `handoff` to it).
 Standard library only.
@@ -30,12 +31,16 @@ from typing import Any
 
 import truestep
 from truestep.core.errors import ExitCode
-from truestep.core.names import ENV_ATTEMPT
+from truestep.core.launch import PER_ATTEMPT_ENV, Launch, LaunchError
 
-PER_ATTEMPT_ENV = ("MASTER_PORT", ENV_ATTEMPT)
-"""The only variables a standby may learn at the handoff: the attempt's rendezvous port and number.
-Everything else (threads, RANK, faults, job identity, anything torch reads at import) must already be
-what the standby was started with, or the supervisor does not hand it over."""
+__all__ = ["PER_ATTEMPT_ENV", "adopted_env", "env_differences", "park", "parked_env"]
+# PER_ATTEMPT_ENV: the only variables a standby may learn at the handoff (the attempt's number,
+# rendezvous port and config file). Everything else (threads, RANK, faults, job identity, anything torch
+# reads at import) must already be what the standby was started with, or the supervisor does not hand
+# it over.
+
+RANK_ARGV = ["train"]
+"""What a standby becomes: `truestep train`, whose launch record says who it is."""
 
 Warmup = Callable[[], Callable[[], None]]
 """Prepares the process (imports) and returns the function that undoes, at the handoff, whatever the
@@ -117,13 +122,17 @@ def park(fd: int, warmup: Warmup) -> list[str]:
     received = time.time()
     handoff = json.loads(line)
     sock.close()  # a fresh rank has no such descriptor either
-    env, argv = handoff["env"], handoff["argv"]
+    try:
+        launch = Launch.from_env(handoff["launch"])
+    except LaunchError as err:
+        _refuse(f"handed a launch record that does not describe a rank: {err}")
+    env = {**handoff["env"], **launch.to_env()}
     differ = env_differences(started_env, env)
     if differ:
         _refuse(f"handed an environment that differs in {differ} from the one it imported torch with")
     os.environ.clear()
     os.environ.update(adopted_env(env, started_env, warmed_env))
-    sys.argv[1:] = argv
+    sys.argv[1:] = RANK_ARGV
     undo()
     truestep.STARTED_AT = received  # this process starts being a rank now (run_start.process_start)
-    return argv
+    return list(RANK_ARGV)

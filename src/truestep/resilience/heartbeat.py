@@ -40,8 +40,13 @@ def read_heartbeat(path: Path) -> dict[str, Any] | None:
     return beat if isinstance(beat, dict) and isinstance(beat.get("time"), int | float) else None
 
 
+STOP_WAIT_S = 5.0
+"""How long `stop` waits for a beat being written."""
+
+
 class Heartbeat:
-    """Writes this rank's heartbeat every `interval_s` from a daemon thread until the process exits."""
+    """Writes this rank's heartbeat every `interval_s` from a daemon thread until `stop` (the rank
+    returned) or the process exits."""
 
     def __init__(
         self,
@@ -58,11 +63,22 @@ class Heartbeat:
         self.status = status
         self.interval_s = interval_s
         self.fence = fence
+        self._stopped = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def stop(self) -> None:
+        """No more beats; returns once the thread has ended (a beat being written finishes first), or
+        after STOP_WAIT_S when a write hangs (a hung filesystem must not keep a rank from exiting: the
+        daemon thread ends with the process)."""
+        self._stopped.set()
+        if self._thread is not None:
+            self._thread.join(STOP_WAIT_S)
 
     def start(self) -> None:
         make_dir(self.path.parent)
         self._write()  # the first beat before returning: start-up is visible at once
-        threading.Thread(target=self._beat, name="truestep-heartbeat", daemon=True).start()
+        self._thread = threading.Thread(target=self._beat, name="truestep-heartbeat", daemon=True)
+        self._thread.start()
 
     def _write(self) -> None:
         record = {
@@ -77,8 +93,7 @@ class Heartbeat:
 
     def _beat(self) -> None:
         fenced_at = time.monotonic()
-        while True:
-            time.sleep(self.interval_s)
+        while not self._stopped.wait(self.interval_s):
             if self.fence is not None and time.monotonic() - fenced_at >= FENCE_CHECK_S:
                 fenced_at = time.monotonic()
                 try:

@@ -31,7 +31,7 @@ from typing import Any
 
 from truestep.core.errors import FencedError, RunDirBusyError
 from truestep.core.fsio import atomic_write
-from truestep.core.names import ENV_JOB_GENERATION, ENV_JOB_ID, EVENTS_FILE, LEASE_FILE, LEASE_LOCK_FILE
+from truestep.core.names import EVENTS_FILE, LEASE_FILE, LEASE_LOCK_FILE
 
 LEASE_FORMAT = "truestep-lease"
 
@@ -54,21 +54,6 @@ def process_start_ticks(pid: int) -> int | None:
     return int(fields[19])
 
 
-def job_generation() -> str:
-    """Which launch of the job this is: TRUESTEP_JOB_GENERATION, else SLURM_RESTART_COUNT (unset on the
-    first run), else "0". Lets the other nodes of a requeued multi-node job tell node 0's new lease from
-    the last launch's (whose holder may have died without releasing it)."""
-    return os.environ.get(ENV_JOB_GENERATION) or os.environ.get("SLURM_RESTART_COUNT", "0")
-
-
-def job_id() -> str:
-    """The identity of this job: TRUESTEP_JOB_ID, else SLURM_JOB_ID, else unique to this process."""
-    explicit = os.environ.get(ENV_JOB_ID) or os.environ.get("SLURM_JOB_ID")
-    if explicit:
-        return explicit
-    return f"{socket.gethostname()}:{os.getpid()}:{time.time():.6f}"
-
-
 @dataclass
 class Holder:
     job: str
@@ -80,6 +65,8 @@ class Holder:
     acquired_at: float
     renewed_at: float
     generation: str = "0"
+    """Which launch of the job holds it (`Launch.generation`: a requeue is a new launch). Lets the other
+    nodes of a relaunched multi-node job tell node 0's new lease from the last launch's."""
     released: bool = False
     hub_port: int = 0
     """Multi-node jobs: the TCP port on node 0 where the other nodes' supervisors report (resilience/peers.py)."""
@@ -150,10 +137,11 @@ def _last_attempt_in_events(run_dir: Path) -> int:
 class RunDirLease:
     """The holder's side: acquire, count attempts, renew, release."""
 
-    def __init__(self, run_dir: Path, job: str, ttl_s: float) -> None:
+    def __init__(self, run_dir: Path, job: str, ttl_s: float, generation: str = "0") -> None:
         self.run_dir = run_dir
         self.job = job
         self.ttl_s = ttl_s
+        self.generation = generation
         self.incarnation = -1
         self._keeper: threading.Thread | None = None
         self._stop = threading.Event()
@@ -195,7 +183,7 @@ class RunDirLease:
                 floor,
                 now,
                 now,
-                job_generation(),
+                self.generation,
                 hub_port=hub_port,
             )
             self._write(mine)
@@ -221,6 +209,10 @@ class RunDirLease:
 
     def release(self) -> None:
         self._stop.set()
+        if self._keeper is not None and self._keeper is not threading.current_thread():
+            # A renewal under way finishes first (bounded: a hung filesystem must not keep a rank from
+            # exiting; the renewal rewrites the record it read under the lock, never a released one as live).
+            self._keeper.join(self.ttl_s / 4)
         with self._locked():
             current = read_lease(self.run_dir)
             if current is not None and current.job == self.job and current.pid == os.getpid():
@@ -251,7 +243,9 @@ class RunDirLease:
         self._keeper.start()
 
 
-def check_fence(run_dir: Path, job: str, incarnation: int, *, ended_ok: bool = False) -> None:
+def check_fence(
+    run_dir: Path, job: str, incarnation: int, *, ended_ok: bool = False, generation: str = "0"
+) -> None:
     """Raise FencedError unless the lease still names this job and incarnation, unreleased.
 
     `ended_ok` (the nodes other than node 0, ranks and supervisor): node 0's supervisor releasing the
@@ -264,7 +258,7 @@ def check_fence(run_dir: Path, job: str, incarnation: int, *, ended_ok: bool = F
         ended_ok
         and current is not None
         and current.released
-        and (current.job, current.generation, current.incarnation) == (job, job_generation(), incarnation)
+        and (current.job, current.generation, current.incarnation) == (job, generation, incarnation)
     ):
         return
     if current is None or current.job != job or current.incarnation != incarnation or current.released:
@@ -275,14 +269,14 @@ def check_fence(run_dir: Path, job: str, incarnation: int, *, ended_ok: bool = F
         )
 
 
-def attempt_superseded(run_dir: Path, job: str, attempt: int) -> bool:
+def attempt_superseded(run_dir: Path, job: str, attempt: int, generation: str = "0") -> bool:
     """True when this launch of the job has started a newer attempt than `attempt` (node 0 restarted):
     the other nodes of the job follow it, where another job or another launch would fence them."""
     current = read_lease(run_dir)
     return (
         current is not None
         and not current.released
-        and (current.job, current.generation) == (job, job_generation())
+        and (current.job, current.generation) == (job, generation)
         and current.incarnation > attempt
     )
 
@@ -294,12 +288,12 @@ def await_attempt(
     timeout_s: float,
     poll_s: float = 0.1,
     check: Callable[[], None] | None = None,
+    generation: str = "0",
 ) -> Holder:
     """Other nodes of a multi-node job: wait until node 0 of this launch of the job started an attempt
     newer than `after`; its incarnation is the number this node's ranks use too. `check` is called at
     every poll and may raise to stop waiting (node 0 is known to be gone)."""
     deadline = time.monotonic() + timeout_s
-    generation = job_generation()
     while True:
         current = read_lease(run_dir)
         if (

@@ -19,13 +19,13 @@ from pathlib import Path
 
 from truestep.config.schema import ResilienceConfig
 from truestep.core.errors import FencedError
+from truestep.resilience.attempt import begin_attempt
 from truestep.resilience.heartbeat import FENCE_CHECK_S
 from truestep.resilience.lease import (
     RunDirLease,
     attempt_superseded,
     await_attempt,
     check_fence,
-    job_generation,
 )
 from truestep.resilience.peers import Hub, Member, NodeLoss, make_link
 from truestep.resilience.watch import Failure
@@ -33,16 +33,24 @@ from truestep.resilience.watch import Failure
 
 class JobNodes:
     def __init__(
-        self, run_dir: Path, job: str, node: int, nnodes: int, master_addr: str, cfg: ResilienceConfig
+        self,
+        run_dir: Path,
+        job: str,
+        node: int,
+        nnodes: int,
+        master_addr: str,
+        cfg: ResilienceConfig,
+        generation: str = "0",
     ) -> None:
         self.run_dir = run_dir
         self.job = job
+        self.generation = generation
         self.node = node
         self.master_addr = master_addr
         self.cfg = cfg
         self.peers = (
-            make_link(node, nnodes, job, job_generation(), cfg.heartbeat_interval_s, cfg.node_timeout_s,
-                      cfg.startup_timeout_s)
+            make_link(node, nnodes, job, generation, cfg.heartbeat_interval_s, cfg.node_timeout_s,
+                      cfg.startup_timeout_s, cfg.requeue_exit_code)
             if cfg.node_watch
             else None
         )  # fmt: skip
@@ -58,12 +66,14 @@ class JobNodes:
         """The number of the attempt to start: node 0 begins it, the others wait for node 0 (and, the
         first time, join its link). Returns (attempt, where this node joined node 0 or None)."""
         if self.node == 0:
-            return lease.begin_attempt(), None
+            return begin_attempt(lease).number, None
         timeout = self.cfg.startup_timeout_s
         member = self.peers if isinstance(self.peers, Member) else None
         joined = member is not None and member.peers[0].joined
         check = member.raise_if_gone if member is not None and joined else None
-        holder = await_attempt(self.run_dir, self.job, after, timeout, check=check)
+        holder = await_attempt(
+            self.run_dir, self.job, after, timeout, check=check, generation=self.generation
+        )
         if member is None or joined:
             return holder.incarnation, None
         member.join(self.master_addr, holder.hub_port, timeout)
@@ -108,7 +118,13 @@ class JobNodes:
 
     def _lease(self, attempt: int, ended_ok: bool = False) -> Failure | None:
         try:
-            check_fence(self.run_dir, self.job, attempt, ended_ok=ended_ok and self.node != 0)
+            check_fence(
+                self.run_dir,
+                self.job,
+                attempt,
+                ended_ok=ended_ok and self.node != 0,
+                generation=self.generation,
+            )
         except FencedError:
             if self._follows(attempt):
                 return self._superseded(attempt)
@@ -116,7 +132,7 @@ class JobNodes:
         return None
 
     def _follows(self, attempt: int) -> bool:
-        return self.node != 0 and attempt_superseded(self.run_dir, self.job, attempt)
+        return self.node != 0 and attempt_superseded(self.run_dir, self.job, attempt, self.generation)
 
     @staticmethod
     def _superseded(attempt: int) -> Failure:

@@ -15,19 +15,13 @@ import signal
 import sys
 
 from truestep.core.errors import ExitCode
-from truestep.core.names import ENV_SUPERVISOR_PID
 
 PR_SET_PDEATHSIG = 1
 
 
-def supervisor_pid() -> int | None:
-    value = os.environ.get(ENV_SUPERVISOR_PID)
-    return int(value) if value and value.isdigit() else None
-
-
-def die_with_supervisor() -> None:
-    """No-op unless started by a truestep supervisor; exits FENCED if that supervisor is already gone."""
-    expected = supervisor_pid()
+def die_with_supervisor(expected: int | None) -> None:
+    """No-op unless started by a truestep supervisor (its pid, from the launch record); exits FENCED if
+    that supervisor is already gone."""
     if expected is None:
         return
     if sys.platform.startswith("linux"):

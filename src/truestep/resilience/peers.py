@@ -32,10 +32,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from truestep.core.errors import ExitCode, NodeLostError, UsageError
+from truestep.core.errors import ExitCode, NodeLostError, Outcome, UsageError
 
-CLEAN_EXITS = {ExitCode.OK, ExitCode.REQUEUE, ExitCode.FORCED, ExitCode.INTERRUPTED}
-"""A node that says goodbye with one of these ended in an orderly way (its peers end the same way)."""
 IO_TIMEOUT_S = 1.0
 """Socket operations never block a supervisor longer than this (a partitioned peer does not answer)."""
 MAX_LINE = 65536
@@ -56,12 +54,15 @@ class NodeLoss:
     via: int | None = None
     """The node that reported it, when it was not seen directly (the hub passes losses on)."""
 
-    def exit_code(self) -> int:
+    def exit_code(self, requeue_code: int = ExitCode.REQUEUE) -> int:
         """What a survivor exits with: the code a departed node ended with when that says what to do
-        (a refusal a requeue cannot fix, an interrupt, a preemption), else 77: requeue me."""
-        follow = {ExitCode.USAGE, ExitCode.REFUSED, ExitCode.BUSY, ExitCode.FENCED, ExitCode.INTERRUPTED}
-        follow |= {ExitCode.REQUEUE, ExitCode.FORCED}
-        return self.code if self.code in follow else ExitCode.NODE_LOST
+        (a refusal, a fence or a refusing filesystem a requeue cannot fix, an interrupt, a preemption
+        with the job's `requeue_code`), else 77: requeue me."""
+        if self.code is None:
+            return ExitCode.NODE_LOST
+        outcome = Outcome.of(self.code, requeue_code)
+        follow = not outcome.retryable or outcome in (Outcome.REQUEUE, Outcome.INTERRUPTED)
+        return self.code if follow else ExitCode.NODE_LOST
 
     def describe(self) -> str:
         via = f" (reported by node {self.via})" if self.via is not None else ""
@@ -148,12 +149,21 @@ class PeerLink:
     """Liveness of the other nodes, as seen by this node's supervisor (hub or member)."""
 
     def __init__(
-        self, node: int, nnodes: int, job: str, generation: str, interval_s: float, timeout_s: float
+        self,
+        node: int,
+        nnodes: int,
+        job: str,
+        generation: str,
+        interval_s: float,
+        timeout_s: float,
+        requeue_code: int = ExitCode.REQUEUE,
     ) -> None:
         self.node = node
         self.nnodes = nnodes
         self.job = job
         self.generation = generation
+        self.requeue_code = requeue_code
+        """The job's `resilience.requeue_exit_code`: a goodbye with it (or one above) is a preemption."""
         self.interval_s = interval_s
         self.timeout_s = timeout_s
         self.host = socket.gethostname()
@@ -174,7 +184,7 @@ class PeerLink:
                 return self.reported
             for peer in self.peers.values():
                 if peer.gone is not None:
-                    if peer.gone.how != "left" or peer.gone.code not in CLEAN_EXITS:
+                    if peer.gone.how != "left" or not self._orderly(peer.gone.code):
                         return peer.gone
                 elif peer.joined and peer.conn is not None and now - peer.conn.last_seen > self.timeout_s:
                     peer.gone = NodeLoss(
@@ -186,6 +196,11 @@ class PeerLink:
 
     def _not_joined(self, now: float) -> NodeLoss | None:
         return None
+
+    def _orderly(self, code: int | None) -> bool:
+        """A goodbye with this code ended in order (finished, preempted, interrupted): the local ranks
+        end the same way."""
+        return code is not None and Outcome.of(code, self.requeue_code).orderly
 
     def require_all(self, since: float, abort: Callable[[], object] | None = None) -> NodeLoss | None:
         """Before restarting in place: every peer must still be in the job and have sent a beat after
@@ -226,7 +241,8 @@ class PeerLink:
                 loss = next((p.gone for p in self.peers.values() if p.gone is not None), None)
         if loss is not None:
             err = NodeLostError(loss.describe())
-            err.exit_code = ExitCode(loss.exit_code())  # e.g. node 0 was preempted: so is this node
+            # e.g. node 0 was preempted: so is this node (with the job's requeue code, maybe not an ExitCode)
+            err.exit_code = loss.exit_code(self.requeue_code)  # type: ignore[assignment]
             raise err
 
     def close(self, code: int, outcome: str, loss: NodeLoss | None = None) -> None:
@@ -305,8 +321,9 @@ class Hub(PeerLink):
         interval_s: float,
         timeout_s: float,
         join_timeout_s: float,
+        requeue_code: int = ExitCode.REQUEUE,
     ) -> None:
-        super().__init__(0, nnodes, job, generation, interval_s, timeout_s)
+        super().__init__(0, nnodes, job, generation, interval_s, timeout_s, requeue_code)
         self.join_timeout_s = join_timeout_s
         self.started = time.monotonic()
         self.peers = {k: _Peer(k) for k in range(1, nnodes)}
@@ -388,9 +405,16 @@ class Member(PeerLink):
     """Node k > 0: reports to node 0's supervisor at MASTER_ADDR."""
 
     def __init__(
-        self, node: int, nnodes: int, job: str, generation: str, interval_s: float, timeout_s: float
+        self,
+        node: int,
+        nnodes: int,
+        job: str,
+        generation: str,
+        interval_s: float,
+        timeout_s: float,
+        requeue_code: int = ExitCode.REQUEUE,
     ) -> None:
-        super().__init__(node, nnodes, job, generation, interval_s, timeout_s)
+        super().__init__(node, nnodes, job, generation, interval_s, timeout_s, requeue_code)
         self.peers = {0: _Peer(0)}
 
     def join(self, addr: str, port: int, timeout_s: float) -> None:
@@ -435,10 +459,11 @@ def make_link(
     interval_s: float,
     timeout_s: float,
     join_timeout_s: float,
+    requeue_code: int,
 ) -> PeerLink | None:
     """The link for this node of the job: None for one node, the hub on node 0, a member elsewhere."""
     if nnodes <= 1:
         return None
     if node == 0:
-        return Hub(nnodes, job, generation, interval_s, timeout_s, join_timeout_s)
-    return Member(node, nnodes, job, generation, interval_s, timeout_s)
+        return Hub(nnodes, job, generation, interval_s, timeout_s, join_timeout_s, requeue_code)
+    return Member(node, nnodes, job, generation, interval_s, timeout_s, requeue_code)

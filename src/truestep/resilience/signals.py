@@ -41,13 +41,17 @@ class SignalWatcher:
         self.deadline_s = deadline_s
         self.hard_exit_code = hard_exit_code
         self.preemption = list(preemption)
+        self._deadline: threading.Timer | None = None
         self.signums = self.preemption + ([] if signal.SIGINT in self.preemption else [signal.SIGINT])
-        self._read_fd, write_fd = os.pipe()
-        os.set_blocking(write_fd, False)
+        self._read_fd, self._write_fd = os.pipe()
+        os.set_blocking(self._write_fd, False)
+        early = {signal.Signals[name] for name in early_signals.EARLY_SIGNALS}
+        self._old_handlers = {s: signal.getsignal(s) for s in early | set(self.signums)}
         for signum in self.signums:
             signal.signal(signum, lambda *_: None)  # real work happens in the watcher thread
-        self._old_wakeup = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
-        threading.Thread(target=self._watch, name="truestep-signals", daemon=True).start()
+        self._old_wakeup = signal.set_wakeup_fd(self._write_fd, warn_on_full_buffer=False)
+        self._thread = threading.Thread(target=self._watch, name="truestep-signals", daemon=True)
+        self._thread.start()
         self._adopt_early()
 
     def _adopt_early(self) -> None:
@@ -77,12 +81,27 @@ class SignalWatcher:
             flag = PREEMPT
         if self.received is None:
             self.received, self.received_at = signum.name, at
-            threading.Timer(self.deadline_s, self._force_exit).start()
+            self._deadline = threading.Timer(self.deadline_s, self._force_exit)
+            self._deadline.start()
         self.flag = max(self.flag, flag)
+
+    def close(self) -> None:
+        """Give the process its signal handling back (a rank returning in-process): the handlers and
+        wake-up fd from before this watcher; the watcher thread ends."""
+        signal.set_wakeup_fd(self._old_wakeup)
+        for signum, handler in self._old_handlers.items():
+            signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
+        os.close(self._write_fd)  # the watcher thread reads the end of the pipe and returns
+        self._thread.join()
+        if self._deadline is not None:  # the rank got where the deadline guarded: it returned
+            self._deadline.cancel()
 
     def _watch(self) -> None:
         while True:
             data = os.read(self._read_fd, 64)
+            if not data:
+                os.close(self._read_fd)
+                return
             for byte in data:
                 if byte in self.signums:
                     self._note(signal.Signals(byte), time.time())

@@ -13,9 +13,10 @@ Rules:
 - A standby is started (always from the supervisor's main thread: PR_SET_PDEATHSIG follows the thread
   that forked) only once the slot's current rank reports phase `train` in its heartbeat, so that its
   imports do not compete for CPU with a start-up or restore. Without heartbeats, at once.
-- At a restart a slot's standby is handed over only if it is alive and its environment equals the
-  rank's outside `PER_ATTEMPT_ENV`; otherwise it is discarded (`standby_discarded`, with the reason)
-  and the rank starts cold. A standby still importing is handed over anyway (it is ahead of a cold one).
+- At a restart a slot's standby is handed the rank's launch record (core/launch.py) whole, and only if
+  it is alive and its environment equals the rank's outside the per-attempt fields (`PER_ATTEMPT`:
+  attempt, rendezvous port, attempt config file); otherwise it is discarded (`standby_discarded`, with
+  the reason) and the rank starts cold. A standby still importing is handed over anyway (it is ahead of a cold one).
 - A standby that dies before it is ready (a broken install would make every one die) switches warm
   standby off for the rest of the job, loudly; one that dies after is replaced.
 - Every standby is killed when the supervisor ends, and dies with it if it is killed.
@@ -36,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from truestep.core.launch import Launch
 from truestep.core.names import heartbeat_path
 from truestep.core.status import Phase
 from truestep.resilience.handoff import env_differences, parked_env, send_line
@@ -44,7 +46,8 @@ from truestep.resilience.watch import Rank
 from truestep.telemetry.jsonl import JsonlWriter
 
 RANK_COMMAND = [sys.executable, "-m", "truestep", "train"]
-"""What a standby can become: a `truestep train` rank run by this interpreter."""
+"""Every rank the supervisor starts, fresh or from a standby: `truestep train` run by this interpreter;
+who it is (and which config it loads) is its launch record."""
 
 
 @dataclass
@@ -91,47 +94,48 @@ class StandbyPool:
         self.enabled = enabled
         self.heartbeats = heartbeats
         self.standbys: dict[int, Standby] = {}
-        self.templates: dict[int, tuple[list[str], dict[str, str]]] = {}
-        """slot -> (argv, env) of the slot's latest rank: what its next standby is prepared for."""
+        self.templates: dict[int, tuple[Launch, dict[str, str]]] = {}
+        """slot -> (launch record, base environment) of the slot's latest rank: what its next standby is
+        prepared for."""
 
     # --- at a (re)start: hand over or start cold -------------------------------------------------
 
-    def launch(self, slot: int, cmd: list[str], env: dict[str, str]) -> subprocess.Popen:
-        """Start the rank of `slot`: the slot's standby if it fits, else a fresh process."""
-        self.templates[slot] = (cmd, env)
+    def launch(self, slot: int, launch: Launch, base_env: dict[str, str]) -> subprocess.Popen:
+        """Start the rank of `slot` with this launch record on top of `base_env` (which holds none):
+        the slot's standby if it fits, else a fresh process."""
+        self.templates[slot] = (launch, base_env)
+        env = {**base_env, **launch.to_env()}
         standby = self.standbys.pop(slot, None)
         if standby is not None:
             standby.poll_ready()  # whether it is still importing, for the event
-            reason = self._unfit(standby, cmd, env)
+            reason = self._unfit(standby, env)
             if reason is None:
                 sent = time.time()
                 try:
-                    send_line(standby.sock, {"argv": cmd[3:], "env": env, "sent_at": sent})
+                    send_line(standby.sock, {"launch": launch.to_env(), "env": base_env, "sent_at": sent})
                 except OSError as err:
                     reason = f"handoff failed: {err}"
                 else:
                     standby.sock.close()
-                    self._handed(standby, env, sent)
+                    self._handed(standby, launch, sent)
                     return standby.proc
             self._discard(standby, reason)
-        return subprocess.Popen(cmd, env=env, start_new_session=True)
+        return subprocess.Popen(RANK_COMMAND, env=env, start_new_session=True)
 
     @staticmethod
-    def _unfit(standby: Standby, cmd: list[str], env: dict[str, str]) -> str | None:
+    def _unfit(standby: Standby, env: dict[str, str]) -> str | None:
         code = standby.proc.poll()
         if code is not None:
             return f"it exited with code {code} while parked"
-        if cmd[:4] != RANK_COMMAND:
-            return f"the rank command {cmd[:4]} is not {RANK_COMMAND}"
         differ = env_differences(standby.env, env)
         return f"the rank's environment differs in {differ}" if differ else None
 
-    def _handed(self, standby: Standby, env: dict[str, str], sent: float) -> None:
+    def _handed(self, standby: Standby, launch: Launch, sent: float) -> None:
         self.events.write(
             {
                 "event": "standby_handoff",
                 "slot": standby.slot,
-                "rank": int(env.get("RANK", standby.slot)),
+                "rank": launch.rank,
                 "pid": standby.proc.pid,
                 "ready": standby.ready is not None,
                 "parked_s": sent - standby.ready["ready_at"] if standby.ready else None,
@@ -175,10 +179,11 @@ class StandbyPool:
         return beat is not None and beat.get("pid") == rank.proc.pid and beat.get("phase") == Phase.TRAIN
 
     def _spawn(self, slot: int) -> None:
-        cmd, rank_env = self.templates[slot]
-        env = parked_env(rank_env)
+        launch, base_env = self.templates[slot]
+        env = parked_env({**base_env, **launch.to_env()})
         ours, theirs = socket.socketpair()
-        argv = [sys.executable, "-m", "truestep", "standby", str(theirs.fileno()), *cmd[4:]]
+        # The config it warms up for: the latest attempt's (the next one's holds the same resolved config).
+        argv = [sys.executable, "-m", "truestep", "standby", str(theirs.fileno()), launch.config_file]
         try:
             proc = subprocess.Popen(argv, env=env, start_new_session=True, pass_fds=(theirs.fileno(),))
         finally:

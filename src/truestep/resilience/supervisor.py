@@ -23,26 +23,19 @@ import signal
 import socket
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from truestep.config.load import to_toml
 from truestep.config.schema import JobConfig
-from truestep.core.errors import NOT_RETRYABLE, ExitCode, FencedError, TruestepError
+from truestep.core.errors import ExitCode, FencedError, Outcome, TruestepError
 from truestep.core.fsio import atomic_write, make_dir
-from truestep.core.names import (
-    ENV_ATTEMPT,
-    ENV_JOB_ID,
-    ENV_JOB_START,
-    ENV_SUPERVISOR_PID,
-    EVENTS_FILE,
-    attempt_config_path,
-    heartbeat_path,
-)
+from truestep.core.launch import Launch, without_launch
+from truestep.core.names import EVENTS_FILE, attempt_config_path, heartbeat_path
 from truestep.resilience.lease import RunDirLease
 from truestep.resilience.nodes import JobNodes
 from truestep.resilience.standby import StandbyPool
-from truestep.resilience.watch import AttemptWatch, Failure, Rank
+from truestep.resilience.watch import AttemptEnd, AttemptWatch, Failure, Rank, rank_exits
 from truestep.telemetry.jsonl import JsonlWriter
 
 POLL_S = 0.1
@@ -59,6 +52,35 @@ class LaunchSpec:
     """0 = pick a free port for every attempt (single node only)."""
     job_id: str = ""
     """Identity of the job holding the run directory lease; every node of a job must use the same."""
+    launch: Launch = field(default_factory=Launch)
+    """The supervisor's own launch record (`truestep launch` reads it from its environment): what its
+    ranks' records inherit (faults, job start, generation, debug)."""
+
+
+def node_launch(spec: LaunchSpec, job_start: float, run_dir: Path) -> Launch:
+    """What the launch record of every rank of this node holds, whatever its slot and attempt: the
+    supervisor's own record (faults, generation, debug) with the job, the node and this supervisor."""
+    return spec.launch.for_rank(
+        world_size=spec.nproc * spec.nnodes,
+        local_world_size=spec.nproc,
+        node=spec.node_rank,
+        master_addr=spec.master_addr,
+        job=spec.job_id,
+        job_start=job_start,
+        supervisor_pid=os.getpid(),
+        run_dir=str(run_dir),
+    )
+
+
+def rank_launch(node: Launch, local: int, attempt: int, port: int, config_file: Path) -> Launch:
+    """The launch record of local rank slot `local` of this node in `attempt`."""
+    return node.for_rank(
+        rank=node.node * node.local_world_size + local,
+        local_rank=local,
+        master_port=port,
+        attempt=attempt,
+        config_file=str(config_file),
+    )
 
 
 def free_port() -> int:
@@ -73,9 +95,16 @@ class Supervisor:
         self.cfg = cfg
         self.run_dir = Path(cfg.run.dir)
         make_dir(self.run_dir)
-        self.lease = RunDirLease(self.run_dir, spec.job_id, cfg.resilience.lease_ttl_s)
+        generation = spec.launch.generation
+        self.lease = RunDirLease(self.run_dir, spec.job_id, cfg.resilience.lease_ttl_s, generation)
         self.nodes = JobNodes(
-            self.run_dir, spec.job_id, spec.node_rank, spec.nnodes, spec.master_addr, cfg.resilience
+            self.run_dir,
+            spec.job_id,
+            spec.node_rank,
+            spec.nnodes,
+            spec.master_addr,
+            cfg.resilience,
+            generation=generation,
         )
         hub_port = self.nodes.hub_port  # published in the lease for the other nodes
         taken_over = self.lease.acquire(hub_port) if spec.node_rank == 0 else None  # refuses a second job
@@ -94,7 +123,8 @@ class Supervisor:
         self.attempt = -1
         self.outcome = "error"
         """How the supervisor ended (supervisor_end's outcome), told to the other nodes."""
-        self.job_start = time.time()
+        self.job_start = spec.launch.job_start or time.time()
+        self.node_launch = node_launch(spec, self.job_start, self.run_dir)
         preemption = cfg.resilience.preemption_signals()
         for signum in preemption:
             signal.signal(signum, self._on_signal)
@@ -123,32 +153,18 @@ class Supervisor:
 
     def _spawn(self, attempt: int) -> list[Rank]:
         port = self.spec.master_port or free_port()
-        world = self.spec.nproc * self.spec.nnodes
         config_file = attempt_config_path(self.run_dir, attempt, self.spec.node_rank)
         make_dir(config_file.parent)
         atomic_write(config_file, to_toml(self.cfg).encode())  # ranks load this, never the user's file
         first = self.spec.node_rank * self.spec.nproc
         for rank in range(first, first + self.spec.nproc):
             heartbeat_path(self.run_dir, rank).unlink(missing_ok=True)
+        # Nothing of this process's own launch record (or a stale one) reaches a rank but through its own.
+        base_env = {**without_launch(os.environ), "OMP_NUM_THREADS": str(self.cfg.parallel.num_threads)}
         ranks = []
         for local in range(self.spec.nproc):
-            env = dict(os.environ)
-            env.update(
-                RANK=str(first + local),
-                LOCAL_RANK=str(local),
-                WORLD_SIZE=str(world),
-                LOCAL_WORLD_SIZE=str(self.spec.nproc),
-                GROUP_RANK=str(self.spec.node_rank),
-                MASTER_ADDR=self.spec.master_addr,
-                MASTER_PORT=str(port),
-                OMP_NUM_THREADS=str(self.cfg.parallel.num_threads),
-            )
-            env[ENV_ATTEMPT] = str(attempt)
-            env[ENV_SUPERVISOR_PID] = str(os.getpid())
-            env[ENV_JOB_ID] = self.spec.job_id
-            env.setdefault(ENV_JOB_START, str(self.job_start))
-            cmd = [sys.executable, "-m", "truestep", "train", str(config_file)]
-            proc = self.standbys.launch(local, cmd, env)  # a warm standby, else a fresh process
+            launch = rank_launch(self.node_launch, local, attempt, port, config_file)
+            proc = self.standbys.launch(local, launch, base_env)  # a warm standby, else a fresh process
             ranks.append(Rank(first + local, proc, time.time()))
         self.events.write(
             {
@@ -160,28 +176,7 @@ class Supervisor:
         )
         return ranks
 
-    def _exit_outcome(self, codes: dict[int, int | None]) -> tuple[str, Failure | None] | None:
-        bad = {r: c for r, c in codes.items() if c is not None and c not in self._clean_codes()}
-        if bad:
-            stop = sorted(c for c in bad.values() if c in NOT_RETRYABLE)
-            if stop:
-                return f"exit:{stop[0]}", None
-            killed = [r for r, c in bad.items() if c < 0]  # died of a signal: the likely origin
-            rank = (killed or sorted(bad))[0]
-            return "failed", Failure("process_exit", rank, f"exit codes {bad}", codes)
-        if any(c is None for c in codes.values()):
-            return None
-        if all(c == 0 for c in codes.values()):
-            return "completed", None
-        if any(c == ExitCode.INTERRUPTED for c in codes.values()):
-            return "interrupted", None
-        return "requeue", None
-
-    def _clean_codes(self) -> set[int]:
-        return {0, self.requeue_code, self.requeue_code + 1, ExitCode.INTERRUPTED}
-
-    def _watch(self, ranks: list[Rank]) -> tuple[str, Failure | None]:
-        """Return (completed | requeue | interrupted | failed | fenced | exit:CODE, failure)."""
+    def _watch(self, ranks: list[Rank]) -> AttemptEnd:
         forwarded = interrupts_forwarded = 0
         watch = AttemptWatch(self.run_dir, ranks, self.cfg.resilience)
         while True:
@@ -190,33 +185,34 @@ class Supervisor:
             except FencedError as err:
                 self.lost_lease, elsewhere = err, None
             if self.lost_lease is not None:
-                return "fenced", None
+                return AttemptEnd(Outcome.FENCED)
             if self.signalled and not forwarded:
                 self._send(ranks, signal.Signals[self.signalled])
                 forwarded = 1
                 self.events.write({"event": "signal_forwarded", "signal": self.signalled})
             if self.interrupts > interrupts_forwarded:
                 if self.interrupts >= 2:
-                    return "interrupted", None  # "stop now": the teardown kills every rank
+                    return AttemptEnd(Outcome.INTERRUPTED)  # "stop now": the teardown kills every rank
                 self._send(ranks, signal.SIGINT)
                 interrupts_forwarded = self.interrupts
                 self.events.write({"event": "signal_forwarded", "signal": "SIGINT"})
             codes = {r.rank: r.proc.poll() for r in ranks}
-            outcome = self._exit_outcome(codes)
-            if outcome == (f"exit:{ExitCode.FENCED}", None):
+            end = rank_exits(codes, self.requeue_code)
+            if end is not None and end.code == ExitCode.FENCED:
                 follow = self.nodes.rank_fenced(self.attempt)  # it saw node 0's restart before we did
-                outcome = ("failed", follow) if follow is not None else outcome
-            if elsewhere is not None and (outcome is None or outcome[0] == "failed"):
-                outcome = ("node_lost" if elsewhere.kind == "node_lost" else "failed", elsewhere)
-            if outcome is not None:
-                if outcome[1] is not None:
-                    outcome[1].exit_codes = codes
-                return outcome
+                end = AttemptEnd(Outcome.FAILED, follow) if follow is not None else end
+            if elsewhere is not None and (end is None or end.outcome == Outcome.FAILED):
+                lost = elsewhere.kind == "node_lost"
+                end = AttemptEnd(Outcome.NODE_LOST if lost else Outcome.FAILED, elsewhere)
+            if end is not None:
+                if end.failure is not None:
+                    end.failure.exit_codes = codes
+                return end
             if self.cfg.resilience.heartbeat:
                 failure = watch.check()
                 if failure is not None:
                     failure.exit_codes = codes
-                    return "failed", failure
+                    return AttemptEnd(Outcome.FAILED, failure)
             self.standbys.tick(ranks)
             time.sleep(POLL_S)
 
@@ -274,11 +270,11 @@ class Supervisor:
         while True:
             self.attempt = self._next_attempt()
             ranks = self._spawn(self.attempt)
-            outcome, failure = self._watch(ranks)
-            if failure is not None or outcome in ("fenced", "interrupted"):
+            end = self._watch(ranks)
+            if end.failure is not None or end.word in ("fenced", "interrupted"):
                 detected, since = time.time(), time.monotonic()
-                if failure is not None:
-                    self._failure_detected(failure, detected)
+                if end.failure is not None:
+                    self._failure_detected(end.failure, detected)
                 self._teardown(ranks)
                 self.events.write(
                     {
@@ -287,46 +283,49 @@ class Supervisor:
                         "teardown_s": time.time() - detected,
                     }
                 )
-                if failure is not None and failure.kind != "node_lost":
-                    outcome, failure = self._before_restart(outcome, failure, since)
+                if end.failure is not None and end.failure.kind != "node_lost":
+                    end = self._before_restart(end, since)
             else:
                 for rank in ranks:
                     rank.proc.wait()
-            if outcome == "completed":
-                return self._end(outcome, restarts, ExitCode.OK)
-            if outcome == "fenced":
+            if end.word == "completed":
+                return self._end(end.word, restarts, ExitCode.OK)
+            if end.word == "fenced":
                 print(f"truestep launch: {self.lost_lease}", file=sys.stderr, flush=True)
-                return self._end(outcome, restarts, ExitCode.FENCED)
-            if outcome == "node_lost" and failure is not None and failure.loss is not None:
+                return self._end(end.word, restarts, ExitCode.FENCED)
+            loss = end.failure.loss if end.failure is not None else None
+            if end.word == "node_lost" and end.failure is not None and loss is not None:
                 print(
-                    f"truestep launch: {failure.detail}; stopping for a requeue", file=sys.stderr, flush=True
+                    f"truestep launch: {end.failure.detail}; stopping for a requeue",
+                    file=sys.stderr,
+                    flush=True,
                 )
-                return self._end(outcome, restarts, failure.loss.exit_code())
-            if outcome == "interrupted" or self.interrupts:
+                return self._end(end.word, restarts, loss.exit_code(self.requeue_code))
+            if end.word == "interrupted" or self.interrupts:
                 return self._end("interrupted", restarts, ExitCode.INTERRUPTED)
-            if outcome.startswith("exit:"):
-                return self._end("refused", restarts, int(outcome.split(":")[1]))
+            if end.code is not None:
+                return self._end("refused", restarts, end.code)
             if self.signalled:
                 # We are being preempted ourselves: the scheduler requeues the whole job.
                 return self._end("requeue", restarts, self.requeue_code)
             if restarts >= self.spec.max_restarts:
                 return self._end(
-                    "gave_up", restarts, self.requeue_code if outcome == "requeue" else ExitCode.FAILURE
+                    "gave_up", restarts, self.requeue_code if end.word == "requeue" else ExitCode.FAILURE
                 )
             restarts += 1
-            self.events.write({"event": "restart", "restart": restarts, "after": outcome})
+            self.events.write({"event": "restart", "restart": restarts, "after": end.word})
 
-    def _before_restart(self, outcome: str, failure: Failure, since: float) -> tuple[str, Failure | None]:
+    def _before_restart(self, end: AttemptEnd, since: float) -> AttemptEnd:
         """A local failure: restart in place only while the job is still ours and every node is there."""
         try:
             lost = self.nodes.before_restart(self.attempt, since)
         except FencedError as err:
             self.lost_lease = err
-            return "fenced", None
+            return AttemptEnd(Outcome.FENCED)
         if lost is None or lost.kind != "node_lost":
-            return outcome, failure
+            return end
         self._failure_detected(lost, lost.loss.at if lost.loss else time.time())
-        return "node_lost", lost
+        return AttemptEnd(Outcome.NODE_LOST, lost)
 
 
 def run_supervisor(spec: LaunchSpec, cfg: JobConfig) -> int:

@@ -7,7 +7,8 @@ A rank is judged by its process and its heartbeat file:
 - its heartbeat is older than `liveness_timeout_s` (stopped, or the whole process hung) -> `stale_heartbeat`;
 - it trained but its step did not advance for `hang_timeout_s` while every rank trained -> `no_progress`;
 - it has been shutting down for longer than the collective timeout allows -> `stuck_in_shutdown`.
-A heartbeat file written by another process (a stale attempt's rank that has not yet seen it is fenced,
+How the attempt ends when its ranks exit is `rank_exits` (with the one classification of exit codes,
+`core.errors.Outcome`). A heartbeat file written by another process (a stale attempt's rank that has not yet seen it is fenced,
 in the shared run directory) is not this rank's: its own last beat counts. A multi-node job is also
 judged by its other nodes (resilience/nodes.py): `node_lost`, `attempt_superseded`.
 """
@@ -20,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from truestep.config.schema import ResilienceConfig
+from truestep.core.errors import Outcome
 from truestep.core.names import heartbeat_path
 from truestep.core.status import Phase
 from truestep.resilience.heartbeat import read_heartbeat
@@ -108,3 +110,46 @@ class AttemptWatch:
             if phase == Phase.SHUTDOWN and now - since > r.collective_timeout_s + 30.0:
                 return Failure("stuck_in_shutdown", rank, f"still shutting down after {now - since:.1f}s")
         return None
+
+
+@dataclass
+class AttemptEnd:
+    """How one attempt of this node ended, as the restart loop acts on it."""
+
+    outcome: Outcome
+    failure: Failure | None = None
+    """What was detected (a rank's exit, a hang, a node lost), when the attempt failed."""
+    code: int | None = None
+    """A rank's exit code that another attempt cannot change (a refusal, a fence, a refusing
+    filesystem): the supervisor stops and exits with it."""
+
+    @property
+    def word(self) -> str:
+        """The supervisor's event vocabulary (supervisor_end's outcome, restart's after)."""
+        if self.code is not None:
+            return "refused"
+        return {Outcome.CLEAN: "completed"}.get(self.outcome, str(self.outcome))
+
+
+def rank_exits(codes: dict[int, int | None], requeue_code: int) -> AttemptEnd | None:
+    """The end of an attempt judged from its ranks' exit codes alone (None: some still run). A rank
+    ending out of order fails the attempt at once: a refusal another attempt cannot change stops the
+    supervisor with its code (the lowest, when several), any other failure restarts; the rank killed by a
+    signal is named as the likely origin. Once all ended in order: completed only when all finished,
+    interrupted when any was, else requeue."""
+    ended = {r: Outcome.of(c, requeue_code) for r, c in codes.items() if c is not None}
+    bad = {r: c for r, c in codes.items() if c is not None and not ended[r].orderly}
+    if bad:
+        stop = sorted(c for r, c in bad.items() if not ended[r].retryable)
+        if stop:
+            return AttemptEnd(Outcome.of(stop[0], requeue_code), code=stop[0])
+        killed = [r for r, c in bad.items() if c < 0]  # died of a signal: the likely origin
+        rank = (killed or sorted(bad))[0]
+        return AttemptEnd(Outcome.FAILED, Failure("process_exit", rank, f"exit codes {bad}", codes))
+    if len(ended) < len(codes):
+        return None
+    if all(o == Outcome.CLEAN for o in ended.values()):
+        return AttemptEnd(Outcome.CLEAN)
+    if any(o == Outcome.INTERRUPTED for o in ended.values()):
+        return AttemptEnd(Outcome.INTERRUPTED)
+    return AttemptEnd(Outcome.REQUEUE)

@@ -1,9 +1,11 @@
 """One rank's whole run: process group, run directory ownership, the trainer, the hooks, the loop,
-and the exit code. `truestep train` calls `run_training` once the config is loaded and (under the
-supervisor) the heartbeat is already beating.
+and the exit code. The front door (train/rank.py: `run_rank`) calls `run_training` once the config and
+the launch record are loaded and (under the supervisor) the heartbeat is already beating; it returns
+the exit code after leaving the process group (only the CLI exits the process).
 
 Without a supervisor (a plain `truestep train` or torchrun), rank 0 takes the run directory lease
-itself, counts the attempt and broadcasts its number; a second job into a leased directory is refused
+itself, begins the attempt (resilience/attempt.py: `begin_attempt`, as node 0's supervisor does) and
+broadcasts its number; a second job into a leased directory is refused
 on every rank before anything is written. Rank 0 first checks the run directory's own entries
 (core/rundir.py): a symlinked `metrics.jsonl` is refused before anything is written through it.
 
@@ -20,7 +22,6 @@ import os
 import sys
 import time
 import traceback
-from functools import partial
 from pathlib import Path
 
 import torch
@@ -36,14 +37,14 @@ from truestep.core.errors import (
     expected_failure,
 )
 from truestep.core.fsio import make_dir
-from truestep.core.names import ENV_DEBUG
+from truestep.core.launch import Launch
 from truestep.core.rundir import check_run_dir
 from truestep.core.status import RankStatus, StopReason
 from truestep.faults.hooks import set_context as set_fault_context
-from truestep.parallel.dist import DistContext, broadcast_int, init_distributed, shutdown
-from truestep.resilience.attempt import Attempt
+from truestep.parallel.dist import DistContext, broadcast_int, init_distributed, leave
+from truestep.resilience.attempt import Attempt, begin_attempt
 from truestep.resilience.heartbeat import Heartbeat
-from truestep.resilience.lease import RunDirLease, check_fence, job_id
+from truestep.resilience.lease import RunDirLease
 from truestep.telemetry.run_logs import RunLogs
 from truestep.train.hooks import (
     CheckpointHook,
@@ -104,28 +105,28 @@ def _out_of_memory(err: BaseException) -> bool:
     )
 
 
-def claim_run_dir(cfg: JobConfig, ctx: DistContext) -> Attempt:
-    """Collective. Rank 0 checks the run directory and takes the lease, then starts an attempt; every
+def claim_run_dir(cfg: JobConfig, ctx: DistContext, launch: Launch) -> Attempt:
+    """Collective. Rank 0 checks the run directory and takes the lease, then begins an attempt; every
     rank learns its number (or every rank refuses)."""
     run_dir = Path(cfg.run.dir)
     decide_on_rank0(lambda: _checked_run_dir(run_dir), ctx)
-    job = job_id()
-    lease: RunDirLease | None = None
+    job = launch.job_identity()
+    attempt: Attempt | None = None
     number, busy = 0, None
     if ctx.is_main:
         make_dir(run_dir)
-        lease = RunDirLease(run_dir, job, cfg.resilience.lease_ttl_s)
+        lease = RunDirLease(run_dir, job, cfg.resilience.lease_ttl_s, launch.generation)
         try:
             lease.acquire()
-            number = lease.begin_attempt()
+            attempt = begin_attempt(lease)
+            number = attempt.number
             lease.keep(_lost_lease)
         except RunDirBusyError as err:
             busy, number = err, BUSY
     number = broadcast_int(number, ctx)
     if number == BUSY:
         raise busy or RunDirBusyError(f"run directory {run_dir} is in use by another job (see rank 0)")
-    fence = partial(check_fence, run_dir, job, number) if ctx.is_main else (lambda: None)
-    return Attempt(number, job, fence, lease)
+    return attempt or Attempt(number, job, lambda: None)
 
 
 def _checked_run_dir(run_dir: Path) -> int:
@@ -134,21 +135,26 @@ def _checked_run_dir(run_dir: Path) -> int:
     return 0
 
 
-def run_training(cfg: JobConfig, status: RankStatus, attempt: Attempt | None) -> int:
-    """Train this rank to the end (or a stop) and exit the process with the run's exit code."""
+def run_training(cfg: JobConfig, launch: Launch, status: RankStatus, attempt: Attempt | None) -> int:
+    """Train this rank to the end (or a stop), leave the process group, return the run's exit code."""
     began = time.time()
-    ctx = init_distributed(cfg)
+    ctx = init_distributed(cfg, launch)
     rendezvous = {"began": began, "rendezvous_s": time.time() - began}
     clean = True
+    heartbeat: Heartbeat | None = None
+    hooks: list[Hook] = []
     try:
         if attempt is None:
-            attempt = claim_run_dir(cfg, ctx)
+            attempt = claim_run_dir(cfg, ctx, launch)
+            set_fault_context(run_dir=Path(cfg.run.dir), attempt=attempt.number)  # supervised: run_rank
             if cfg.resilience.heartbeat:
                 run_dir, interval = Path(cfg.run.dir), cfg.resilience.heartbeat_interval_s
-                Heartbeat(run_dir, ctx.rank, attempt.number, status, interval).start()
+                heartbeat = Heartbeat(run_dir, ctx.rank, attempt.number, status, interval)
+                heartbeat.start()
         elif ctx.is_main:
             check_run_dir(Path(cfg.run.dir))  # the supervisor checked too; files can appear since
-        code = _train(cfg, ctx, status, attempt, rendezvous)
+        hooks = build_hooks(attempt)
+        code = _train(cfg, ctx, status, attempt, rendezvous, hooks)
     except BaseException as err:  # noqa: BLE001 - classified below; a bug is re-raised untouched
         failure = failure_of(err)
         if failure is None:
@@ -157,7 +163,7 @@ def run_training(cfg: JobConfig, status: RankStatus, attempt: Attempt | None) ->
         # A refusal every rank shares is printed once; one rank's own failure by that rank.
         if ctx.is_main or not isinstance(err, TruestepError) or err.rank_local:
             who = "" if ctx.is_main or not ctx.distributed else f"rank {ctx.rank}: "
-            if os.environ.get(ENV_DEBUG) == "1":  # truestep --debug
+            if launch.debug:  # truestep --debug
                 traceback.print_exception(err)
             print(f"truestep train: {who}{line}", file=sys.stderr, flush=True)
         clean = False  # some ranks may not share the error: no barrier
@@ -171,20 +177,29 @@ def run_training(cfg: JobConfig, status: RankStatus, attempt: Attempt | None) ->
                     f"truestep train: releasing the run directory lease: {line}", file=sys.stderr, flush=True
                 )
             # else the run already failed and said why; a dead holder's lease is taken over at the next start
-    shutdown(ctx, code, clean)
-    return code  # not reached: shutdown exits the process
+    leave(ctx, clean, debug=launch.debug)
+    # What this rank started in its process is over with it (a rank run in-process returns here).
+    if heartbeat is not None:
+        heartbeat.stop()
+    for hook in hooks:
+        hook.close()
+    return code
 
 
 def _train(
-    cfg: JobConfig, ctx: DistContext, status: RankStatus, attempt: Attempt, rendezvous: dict[str, float]
+    cfg: JobConfig,
+    ctx: DistContext,
+    status: RankStatus,
+    attempt: Attempt,
+    rendezvous: dict[str, float],
+    hooks: list[Hook],
 ) -> int:
     run_dir = Path(cfg.run.dir)
-    set_fault_context(run_dir=run_dir, attempt=attempt.number)
     logs = RunLogs(run_dir, attempt.number, enabled=ctx.is_main)
     logs.event("rendezvous", **rendezvous)  # process group and mesh up: a phase of MTTR
     try:
         trainer = Trainer(cfg, ctx, logs, status)
-        train_loop(trainer, build_hooks(attempt))
+        train_loop(trainer, hooks)
     except TruestepError as err:
         logs.event("run_refused", error=type(err).__name__, message=str(err), exit_code=int(err.exit_code))
         raise

@@ -1,4 +1,5 @@
-"""The hook interface: three moments of the loop, each a no-op unless a hook overrides it."""
+"""The hook interface: three moments of the loop and the rank's return, each a no-op unless a hook
+overrides it."""
 
 from __future__ import annotations
 
@@ -19,3 +20,8 @@ class Hook:
 
     def on_end(self, trainer: Trainer) -> None:
         """After the last step, whatever stopped the loop."""
+
+    def close(self) -> None:
+        """The rank is returning (after it left the process group, whether the loop ran or not): undo
+        what this hook changed in the process (signal handlers), so a rank run in-process leaves
+        nothing behind."""

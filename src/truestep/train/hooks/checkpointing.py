@@ -10,13 +10,12 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from truestep.checkpoint.catalog import committed_dirs
+from truestep.checkpoint.catalog import committed_dirs, run_checkpoint_root
 from truestep.checkpoint.errors import CheckpointContentError, ResumeError
 from truestep.checkpoint.init_from import load_init_weights
 from truestep.checkpoint.resolver import quarantine_logged, resolve_rollback, resolve_start
 from truestep.checkpoint.saver import Checkpointer
 from truestep.checkpoint.state import restore
-from truestep.core.names import CHECKPOINTS_DIR
 from truestep.core.status import Phase
 from truestep.faults.hooks import fault_point
 from truestep.faults.hooks import set_context as set_fault_context
@@ -38,16 +37,16 @@ def _phase(trainer: Trainer, phase: Phase) -> Iterator[None]:
 
 
 class CheckpointHook(Hook):
-    def __init__(self, fence: Callable[[], None], incarnation: int) -> None:
+    def __init__(self, fence: Callable[[], None], attempt: int) -> None:
         self.fence = fence
-        self.incarnation = incarnation
+        self.attempt = attempt
         self.checkpointer: Checkpointer | None = None
 
     def on_start(self, trainer: Trainer) -> None:
         cfg = trainer.cfg.checkpoint
-        root = Path(cfg.dir) if cfg.dir else trainer.run_dir / CHECKPOINTS_DIR
+        root = run_checkpoint_root(trainer.run_dir, cfg.dir)
         self.checkpointer = Checkpointer(
-            root, cfg, trainer.ctx, trainer.logs, trainer.trajectory_keys, self.fence, self.incarnation
+            root, cfg, trainer.ctx, trainer.logs, trainer.trajectory_keys, self.fence, self.attempt
         )
         set_fault_context(newest_committed=lambda: next(iter(committed_dirs(root)), None))
         with _phase(trainer, Phase.RESTORE):

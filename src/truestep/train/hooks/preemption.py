@@ -34,3 +34,8 @@ class PreemptionHook(Hook):
                 stop_step=trainer.state.step,
                 stop_reason=str(stop),
             )
+
+    def close(self) -> None:
+        if self.watcher is not None:
+            self.watcher.close()
+            self.watcher = None
