@@ -112,6 +112,7 @@ class Supervisor:
         )
         hub_port = self.nodes.hub_port  # published in the lease for the other nodes
         taken_over = self.lease.acquire(hub_port) if spec.node_rank == 0 else None  # refuses a second job
+        self.nodes.publish_key()  # node 0: the link's secret, only once the run directory is this job's
         self.events = JsonlWriter(
             self.run_dir / EVENTS_FILE,
             {"source": "supervisor", "node": spec.node_rank, "host": socket.gethostname()},
@@ -244,7 +245,7 @@ class Supervisor:
         self.outcome = outcome
         self.events.write(
             {"event": "supervisor_end", "attempt": self.attempt, "outcome": outcome, "restarts": restarts,
-             "exit_code": code}
+             "exit_code": code, "link_refused": self.nodes.link_refused}
         )  # fmt: skip
         return code
 
