@@ -187,11 +187,35 @@ def _size(path: Path) -> int:
 def shared_memory() -> set[str]:
     """POSIX (/dev/shm) and System V shared-memory segments on this machine."""
     found = {f"posix:{name}" for name in os.listdir("/dev/shm")} if os.path.isdir("/dev/shm") else set()
+    return found | {f"sysv:{shmid}" for shmid in _sysv()}
+
+
+def _sysv() -> dict[str, int]:
+    """System V segment id -> the pid that created it."""
     try:
-        lines = Path("/proc/sysvipc/shm").read_text().splitlines()[1:]
+        rows = [line.split() for line in Path("/proc/sysvipc/shm").read_text().splitlines()[1:]]
     except OSError:
-        lines = []
-    return found | {f"sysv:{line.split()[1]}" for line in lines if line.split()}
+        return {}
+    return {row[1]: int(row[4]) for row in rows if len(row) > 4}
+
+
+def held_by_others(ours: set[int]) -> set[str]:
+    """Segments that a running process other than `ours` maps (POSIX) or created (System V): the machine
+    is shared, and what other people's processes hold is not this job's leftover."""
+    held = {f"sysv:{shmid}" for shmid, creator in _sysv().items() if creator not in ours and running(creator)}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) in ours:
+            continue
+        try:
+            maps = Path(f"/proc/{entry}/maps").read_text()
+        except OSError:
+            continue
+        held |= {
+            f"posix:{line.rsplit('/dev/shm/', 1)[1].split()[0]}"
+            for line in maps.splitlines()
+            if "/dev/shm/" in line
+        }
+    return held
 
 
 def listening_ports() -> set[int]:
@@ -210,8 +234,9 @@ def listening_ports() -> set[int]:
 
 def leftovers(seen: set[tuple[int, int]], ports: set[int], shm_before: set[str]) -> dict[str, list]:
     """What the job left behind: processes still running, ports still listened on, new shm segments."""
+    ours = {pid for pid, _ in seen}
     return {
         "processes": sorted(pid for pid, start in seen if running(pid) and identity(pid) == (pid, start)),
         "listening_ports": sorted(ports & listening_ports()),
-        "shared_memory": sorted(shared_memory() - shm_before),
+        "shared_memory": sorted(shared_memory() - shm_before - held_by_others(ours)),
     }

@@ -103,6 +103,27 @@ def test_a_preemption_notice_during_a_teardown_requeues_without_a_new_attempt(
 
 
 @pytest.mark.slow
+def test_a_preemption_notice_during_a_restore_is_honoured(reference: Path, tmp_path: Path) -> None:
+    """Rank 1 killed at step 12; as attempt 1's rank 0 restores, the notice reaches the supervisor, which
+    forwards it to ranks still restoring or starting: they finish the restore, agree at their first step
+    boundary, commit the emergency checkpoint and exit 75; the requeue resumes from it, bitwise."""
+    proc = supervise(tmp_path, faults=f"kill:rank=1:step={FAULT_STEP};term:at=restore:rank=0:restart=1")
+    assert finish(proc) == 75, finish.last_output  # type: ignore[attr-defined]
+    assert fired(tmp_path) == [("train:step", 0), ("restore", 1)]
+    assert attempts(tmp_path) == [0, 1]
+    [stop] = events(tmp_path, "signal_received")
+    assert (stop["attempt"], stop["stop_reason"]) == (1, "preempted"), stop
+    assert stop["stop_step"] in {
+        e["step"] for e in events(tmp_path, "checkpoint_commit")
+    }  # saved, now or before
+    codes = supervisor_events(tmp_path, "supervisor_end")[-1]
+    assert (codes["outcome"], codes["exit_code"]) == ("requeue", 75)
+    assert finish(supervise(tmp_path, env={"TRUESTEP_JOB_GENERATION": "1"})) == 0  # the requeue
+    assert events(tmp_path, "checkpoint_restore")[-1]["step"] == stop["stop_step"]
+    assert_matches_reference(tmp_path, reference)
+
+
+@pytest.mark.slow
 def test_a_fault_during_the_standby_handoff(reference: Path, tmp_path: Path) -> None:
     """Attempt 0 stalls at step 12 until both standbys are ready, then rank 1 is killed; the standby
     handed rank 0 is killed as it becomes the rank. Attempt 2 (cold) finishes bitwise."""
