@@ -13,6 +13,20 @@ from truestep.faults import hooks
 from truestep.faults.spec import FaultSpec, campaign, parse_fault, parse_faults
 
 
+def test_faults_that_meet_a_recovery_have_their_points() -> None:
+    """The points where a second fault meets the recovery from a first (tests/test_faults_meet.py)."""
+    assert parse_fault("kill:at=rendezvous:rank=1:restart=1") == FaultSpec(
+        "kill", "rendezvous", rank=1, restart=1
+    )
+    assert parse_fault("kill:at=handoff:rank=0:restart=1") == FaultSpec("kill", "handoff", rank=0, restart=1)
+    assert parse_fault("term:at=teardown") == FaultSpec("term", "teardown", rank=0)
+    assert parse_fault("term:rank=1:to=rank:from=30").to_rank
+    assert not parse_fault("term:step=3").to_rank and not parse_fault("term:to=job:step=3").to_rank
+    for bad in ("kill:to=rank:step=3", "term:to=node:step=3"):
+        with pytest.raises(ValueError, match="to=job|rank"):
+            parse_fault(bad)
+
+
 def test_user_facing_kinds_map_to_fault_points() -> None:
     assert parse_fault("kill:rank=1:step=120") == FaultSpec("kill", "train:step", step=120, rank=1)
     assert parse_fault("term:step=300") == FaultSpec("term", "train:step", step=300, rank=0)

@@ -10,18 +10,22 @@ import time
 import pytest
 
 from truestep.core.errors import ExitCode, NodeLostError, UsageError
+from truestep.resilience.link_auth import new_key
 from truestep.resilience.peers import Hub, Member
 
 INTERVAL, TIMEOUT = 0.05, 0.5
+KEY = new_key()
 
 
 def hub(nnodes: int = 2, join_timeout: float = 5.0, generation: str = "0") -> Hub:
-    return Hub(nnodes, "job", generation, INTERVAL, TIMEOUT, join_timeout)
+    return Hub(nnodes, "job", generation, INTERVAL, TIMEOUT, join_timeout, key=KEY)
 
 
-def member(h: Hub, node: int = 1, nnodes: int = 2, generation: str = "0", job: str = "job") -> Member:
+def member(
+    h: Hub, node: int = 1, nnodes: int = 2, generation: str = "0", job: str = "job", key: bytes = KEY
+) -> Member:
     m = Member(node, nnodes, job, generation, INTERVAL, TIMEOUT)
-    m.join("127.0.0.1", h.port, timeout_s=5.0)
+    m.join("127.0.0.1", h.port, timeout_s=5.0, key=lambda: key)
     return m
 
 
@@ -120,4 +124,4 @@ def test_a_node_that_never_joins_or_cannot_reach_node_0_is_lost() -> None:
     port = h.port
     h.close(ExitCode.NODE_LOST, "node_lost", loss)
     with pytest.raises(NodeLostError, match="cannot be reached"):
-        Member(1, 2, "job", "0", INTERVAL, TIMEOUT).join("127.0.0.1", port, timeout_s=0.5)
+        Member(1, 2, "job", "0", INTERVAL, TIMEOUT).join("127.0.0.1", port, timeout_s=0.5, key=lambda: KEY)

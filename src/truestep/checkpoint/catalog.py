@@ -5,6 +5,8 @@ the `latest` hint), listing, "is it committed", "the newest that verifies" and m
 all live here; the resume decision (resolver.py), the saver's retention, `ckpt list|verify|inspect`,
 export, `init_from` and fault injection ask this module instead of globbing for themselves.
 Nothing is ever deleted here: a checkpoint that fails is quarantined, one a user replaced is superseded.
+The saver's retention deletes (committed checkpoints past `keep_last_n`, and with
+`keep_quarantined` > 0 the oldest quarantined ones: `quarantined_past`).
 """
 
 from __future__ import annotations
@@ -144,6 +146,20 @@ def quarantined_dirs(root: Path) -> list[Path]:
     """Quarantined checkpoint directories, newest step first."""
     found = _real_dirs(root / QUARANTINE)
     return sorted(found, key=lambda p: (-(set_aside_step(p) or -1), p.name))
+
+
+def quarantined_past(root: Path, keep: int) -> list[Path]:
+    """The quarantined checkpoints older than the newest `keep` (by step, then by when they were moved
+    aside): what `checkpoint.keep_quarantined` lets the saver delete right after a commit, when a newer
+    committed checkpoint exists. `keep` 0 keeps them all."""
+    if keep <= 0:
+        return []
+
+    def newest_first(path: Path) -> tuple[int, int]:
+        match = _SET_ASIDE.match(path.name)
+        return (int(match.group(1)), int(match.group(2))) if match else (-1, -1)
+
+    return sorted(quarantined_dirs(root), key=newest_first, reverse=True)[keep:]
 
 
 def is_committed(ckpt_dir: Path) -> bool:

@@ -30,7 +30,13 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemWriter
 from torch.distributed.checkpoint.filesystem import FileSystem
 
-from truestep.checkpoint.catalog import LATEST, committed_dirs, step_dir_name, step_of
+from truestep.checkpoint.catalog import (
+    LATEST,
+    committed_dirs,
+    quarantined_past,
+    set_aside_step,
+    step_dir_name,
+)
 from truestep.checkpoint.manifest import VerifyError, read_marker, write_manifest, write_marker
 from truestep.checkpoint.safe_dcp import single_process
 from truestep.checkpoint.state import Checkpointable, write_rank_state
@@ -259,16 +265,22 @@ class Checkpointer:
         self._retain()
 
     def _retain(self) -> None:
-        """Keep the newest keep_last_n committed checkpoints; never touch uncommitted ones."""
-        keep = self.cfg.keep_last_n
-        if keep <= 0:
-            return
-        for old in committed_dirs(self.root)[keep:]:
+        """Keep the newest keep_last_n committed checkpoints (never touch uncommitted ones) and the newest
+        keep_quarantined quarantined ones: the step just committed is newer than any of them."""
+        self._remove(quarantined_past(self.root, self.cfg.keep_quarantined), "keep_quarantined")
+        if self.cfg.keep_last_n > 0:
+            self._remove(committed_dirs(self.root)[self.cfg.keep_last_n :], "keep_last_n")
+
+    def _remove(self, dirs: list[Path], rule: str) -> None:
+        keep = getattr(self.cfg, rule)
+        for old in dirs:
             try:
                 shutil.rmtree(old)
             except OSError as err:  # e.g. swapped for a symlink meanwhile: keep training, say so
-                why = os_error_line(err, f"could not remove {old.name} (keep_last_n={keep})")
-                self.logs.event("checkpoint_remove_failed", step=step_of(old), error=why)
+                why = os_error_line(err, f"could not remove {old.name} ({rule}={keep})")
+                self.logs.event("checkpoint_remove_failed", step=set_aside_step(old), error=why)
                 print(f"truestep train: warning: {why}", file=sys.stderr, flush=True)
                 continue
-            self.logs.event("checkpoint_removed", step=step_of(old), reason=f"keep_last_n={keep}")
+            self.logs.event(
+                "checkpoint_removed", step=set_aside_step(old), reason=f"{rule}={keep}", name=old.name
+            )

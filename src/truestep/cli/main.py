@@ -95,8 +95,9 @@ def main(argv: list[str] | None = None) -> int:
         print(USAGE)
         return 0 if argv else 2
     if argv[0] in ("train", "standby"):
-        # Before anything else: die with the supervisor, and catch signals during the imports. A parked
-        # standby keeps the default actions (a signal for it ends it); it captures once it is a rank.
+        # Before anything else: die with the supervisor, and catch signals during the imports (the
+        # supervisor started us with them blocked: one sent since is pending, and recorded now). A parked
+        # standby keeps them blocked; it captures once it is a rank (resilience/early_signals.py).
         from truestep.resilience import early_signals
         from truestep.resilience.orphan import die_with_supervisor
 

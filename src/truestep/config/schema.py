@@ -162,6 +162,10 @@ class CheckpointConfig:
     """Overlap writing with training (dcp.async_save on its own gloo group); false blocks until written."""
     keep_last_n: int = 3
     """Committed checkpoints to keep; never removes the newest verified one or one being written. 0 keeps all."""
+    keep_quarantined: int = 0
+    """Quarantined checkpoints (torn or failed, in quarantine/) to keep for post-mortems: after each commit
+    the oldest beyond this many are deleted. 0 keeps all (quarantine/ then grows by one checkpoint per
+    fault that tears a save or corrupts one)."""
     verify_checksums: bool = True
     """Verify SHA-256 of every file on resume (sizes are always checked). Turn off for huge checkpoints."""
     resume: bool = True

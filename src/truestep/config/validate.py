@@ -205,6 +205,7 @@ def validate(cfg: JobConfig) -> None:
     )
     _require(c.interval >= 0, "checkpoint.interval must be >= 0 (0 = only final/emergency saves)")
     _require(c.keep_last_n >= 0, "checkpoint.keep_last_n must be >= 0 (0 keeps all)")
+    _require(c.keep_quarantined >= 0, "checkpoint.keep_quarantined must be >= 0 (0 keeps all)")
     _require(cfg.metrics.log_every >= 1, "metrics.log_every must be >= 1")
 
 

@@ -118,8 +118,9 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def atomic_write(path: Path, data: bytes, durable: bool = True) -> None:
-    """Replace `path` with `data` all at once: readers see the old or the new file, never a torn one."""
+def atomic_write(path: Path, data: bytes, durable: bool = True, mode: int = 0o644) -> None:
+    """Replace `path` with `data` all at once: readers see the old or the new file, never a torn one.
+    The file is created 0600 and only then given `mode`: a secret (mode 0600) is never readable by others."""
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
@@ -127,7 +128,7 @@ def atomic_write(path: Path, data: bytes, durable: bool = True) -> None:
             f.flush()
             if durable:
                 os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)
+        os.chmod(tmp, mode)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -25,11 +25,13 @@ LEASE_FILE = "lease.json"
 """Who owns the run directory now (job, host, pid, incarnation); see resilience/lease.py."""
 LEASE_LOCK_FILE = ".lease.lock"
 """flock'ed around every read-modify-write of the lease."""
+LINK_KEY_FILE = "node-link.key"
+"""The secret of this launch's node link (0600, written by node 0): resilience/link_auth.py."""
 ATTEMPTS_DIR = "attempts"
 """Per-attempt files the supervisor hands to its ranks (the resolved config)."""
 TENSORBOARD_DIR = "tb"
 
-OWN_FILES = (METRICS_FILE, EVENTS_FILE, CONFIG_FILE, LEASE_FILE, LEASE_LOCK_FILE)
+OWN_FILES = (METRICS_FILE, EVENTS_FILE, CONFIG_FILE, LEASE_FILE, LEASE_LOCK_FILE, LINK_KEY_FILE)
 """Files truestep writes directly in a run directory: each must be absent or a regular file."""
 OWN_DIRS = (HEARTBEAT_DIR, CHECKPOINTS_DIR, ATTEMPTS_DIR, TENSORBOARD_DIR)
 """Directories truestep writes into: each must be absent or a real directory (not a symlink)."""

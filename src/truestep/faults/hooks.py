@@ -165,7 +165,7 @@ def fault_point(name: str, step: int | None = None) -> None:
             os.kill(os.getpid(), signal.SIGSTOP)
         elif spec.kind == "term":
             # The scheduler's preemption reaches the whole job: through the supervisor when there is one.
-            os.kill(_supervisor_or_self(), signal.SIGTERM)
+            os.kill(os.getpid() if spec.to_rank else _supervisor_or_self(), signal.SIGTERM)
         elif spec.kind == "corrupt":
             _corrupt_newest_committed()
             os.kill(os.getpid(), signal.SIGKILL)

@@ -5,6 +5,7 @@ User-facing kinds (`--fault` on train/launch/experiment, or TRUESTEP_FAULTS, ';'
   kill:rank=1:step=120            SIGKILL rank 1 when it starts step 120
   kill:node=1:step=120            a node crash: SIGKILL node 1's supervisor and every rank of it
   term:step=300                   the scheduler's preemption: SIGTERM to the whole job (the supervisor)
+  term:rank=1:to=rank:step=300    SIGTERM to rank 1 alone (a notice one rank saw; its peers agree on it)
   hang:rank=0:step=50             SIGSTOP rank 0 (a hang: alive but silent)
   crash-in-save:phase=after-shards[:step=N][:rank=R]   SIGKILL inside the commit protocol
   corrupt:target=latest:step=N    flip a byte in the newest committed checkpoint, then SIGKILL
@@ -12,6 +13,9 @@ User-facing kinds (`--fault` on train/launch/experiment, or TRUESTEP_FAULTS, ';'
   slow:rank=1:factor=3            rank 1 runs every step 3x slower
   hang:at=startup:rank=1          SIGSTOP rank 1 as it starts, before its first heartbeat
   kill:at=restore:rank=0          SIGKILL rank 0 while it restores a checkpoint
+  kill:at=rendezvous:rank=1       SIGKILL rank 1 as it joins the process group (its peers wait in it)
+  kill:at=handoff:rank=0          SIGKILL the warm standby handed rank 0, before it becomes the rank
+  term:at=teardown                the preemption notice, while the supervisor tears an attempt down
 Any of them may use `time=SECONDS` (since the job started) or `from=N` (the first time at a step >= N,
 e.g. whichever save comes next) instead of `step=N`. `restart=K` (default 0)
 fires the fault only in the K-th attempt of a supervised job, so a restarted job runs clean.
@@ -33,9 +37,34 @@ SAVE_PHASES = (
     "before-marker",
     "after-marker",
 )
-POINTS = (*(f"save:{p}" for p in SAVE_PHASES), "train:step", "train:loss", "startup", "restore")
+POINTS = (
+    *(f"save:{p}" for p in SAVE_PHASES),
+    "train:step",
+    "train:loss",
+    "startup",
+    "rendezvous",
+    "restore",
+    "handoff",
+    "teardown",
+)
+"""Where a fault can fire. In a rank: startup (before its first heartbeat), rendezvous (before it joins
+the process group), restore, train:step/loss, save:*; in a warm standby: handoff (it was just handed its
+rank); in the supervisor: teardown (it is killing the ranks of a failed attempt)."""
 KINDS = ("kill", "term", "hang", "crash-in-save", "corrupt", "nan", "slow", "crash", "sleep")
-_FIELDS = {"at", "step", "from", "rank", "node", "restart", "seconds", "time", "phase", "target", "factor"}
+_FIELDS = {
+    "at",
+    "step",
+    "from",
+    "rank",
+    "node",
+    "restart",
+    "seconds",
+    "time",
+    "phase",
+    "target",
+    "factor",
+    "to",
+}
 
 
 @dataclass(frozen=True)
@@ -60,6 +89,8 @@ class FaultSpec:
     node: int | None = None
     """kill: every process of this node of a multi-node job (its supervisor and ranks); its first rank
     fires it."""
+    to_rank: bool = False
+    """term: SIGTERM to the firing rank alone (`to=rank`) instead of the whole job (`to=job`, default)."""
     text: str = field(default="", compare=False)
     """The spec as the user wrote it (whitespace removed): re-runnable, logged with the fault."""
 
@@ -102,8 +133,13 @@ def _parse(item: str) -> FaultSpec:
         "restart": int(f.get("restart", 0)),
         "from_step": int(f["from"]) if "from" in f else None,
     }
-    if kind in ("kill", "hang") and "at" in f:
-        # At a named point instead of a step: e.g. `hang:at=startup:rank=1`, before the first heartbeat.
+    if f.get("to", "job") not in ("job", "rank") or ("to" in f and kind != "term"):
+        raise FaultSpecError(f"fault {item!r}: to=job|rank is for term only")
+    if kind == "term":
+        common["to_rank"] = f.get("to") == "rank"
+    if kind in ("kill", "hang", "term") and "at" in f:
+        # At a named point instead of a step: e.g. `hang:at=startup:rank=1`, before the first heartbeat;
+        # `term:at=teardown`: the preemption notice reaches the supervisor while it tears an attempt down.
         return FaultSpec(kind, f["at"], rank=0 if rank is None else rank, **common)
     if "node" in f and (kind != "kill" or "rank" in f or "at" in f):
         raise FaultSpecError(

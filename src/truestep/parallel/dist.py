@@ -20,6 +20,7 @@ from truestep.config.schema import JobConfig
 from truestep.config.validate import validate_layout
 from truestep.core.errors import end_process
 from truestep.core.launch import Launch
+from truestep.faults.hooks import fault_point
 
 
 @dataclass
@@ -97,6 +98,7 @@ def init_distributed(cfg: JobConfig, launch: Launch | None = None) -> DistContex
     if world == 1:
         return DistContext(device=device)
     backend = pick_backend(cfg, device)
+    fault_point("rendezvous")
     dist.init_process_group(
         backend=backend,
         timeout=timedelta(seconds=cfg.parallel.init_timeout_s),

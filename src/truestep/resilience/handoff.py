@@ -32,6 +32,9 @@ from typing import Any
 import truestep
 from truestep.core.errors import ExitCode
 from truestep.core.launch import PER_ATTEMPT_ENV, Launch, LaunchError
+from truestep.faults.hooks import arm, disarm, fault_point
+from truestep.faults.hooks import set_context as set_fault_context
+from truestep.faults.spec import FaultSpecError, parse_faults
 
 __all__ = ["PER_ATTEMPT_ENV", "adopted_env", "env_differences", "park", "parked_env"]
 # PER_ATTEMPT_ENV: the only variables a standby may learn at the handoff (the attempt's number,
@@ -102,6 +105,20 @@ def _refuse(message: str) -> None:
     os._exit(ExitCode.FAILURE)
 
 
+def _handoff_fault_point(launch: Launch) -> None:
+    """The `handoff` fault point (docs/faults.md: a fault that meets a restart as the standby becomes
+    the rank): armed from the handed record, fired, disarmed -- the rank arms its faults afresh."""
+    try:
+        arm(parse_faults(launch.faults), launch)
+    except FaultSpecError as err:  # the supervisor checked them: a record it did not write
+        _refuse(f"handed a launch record with a bad fault spec: {err}")
+    set_fault_context(run_dir=Path(launch.run_dir) if launch.run_dir else None, attempt=launch.attempt)
+    try:
+        fault_point("handoff")
+    finally:
+        disarm()
+
+
 def park(fd: int, warmup: Warmup) -> list[str]:
     """Warm up, report ready, wait for the handoff; return the rank's argv (exits if there is none)."""
     started, started_env = time.time(), dict(os.environ)
@@ -130,6 +147,7 @@ def park(fd: int, warmup: Warmup) -> list[str]:
     differ = env_differences(started_env, env)
     if differ:
         _refuse(f"handed an environment that differs in {differ} from the one it imported torch with")
+    _handoff_fault_point(launch)
     os.environ.clear()
     os.environ.update(adopted_env(env, started_env, warmed_env))
     sys.argv[1:] = RANK_ARGV

@@ -27,6 +27,7 @@ from truestep.resilience.lease import (
     await_attempt,
     check_fence,
 )
+from truestep.resilience.link_auth import new_key, read_key, remove_key, write_key
 from truestep.resilience.peers import Hub, Member, NodeLoss, make_link
 from truestep.resilience.watch import Failure
 
@@ -48,9 +49,11 @@ class JobNodes:
         self.node = node
         self.master_addr = master_addr
         self.cfg = cfg
+        self.link_key = new_key() if node == 0 else b""
+        """This launch's node link secret (node 0 draws it; `publish_key` writes it for the others)."""
         self.peers = (
             make_link(node, nnodes, job, generation, cfg.heartbeat_interval_s, cfg.node_timeout_s,
-                      cfg.startup_timeout_s, cfg.requeue_exit_code)
+                      cfg.startup_timeout_s, cfg.requeue_exit_code, self.link_key)
             if cfg.node_watch
             else None
         )  # fmt: skip
@@ -59,6 +62,17 @@ class JobNodes:
         self.loss: NodeLoss | None = None
         """The node whose loss stopped this one (passed on to the peers in the goodbye)."""
         self._fence_checked = 0.0
+
+    def publish_key(self) -> None:
+        """Node 0, once it holds the run directory lease and before its first attempt: write this launch's
+        link secret (0600) where the job's other nodes, and nobody else, can read it."""
+        if isinstance(self.peers, Hub):
+            write_key(self.run_dir, self.job, self.generation, self.link_key)
+
+    @property
+    def link_refused(self) -> dict[str, int]:
+        """Connections node 0's link dropped before they proved the key, by reason (none elsewhere)."""
+        return self.peers.refused if isinstance(self.peers, Hub) else {}
 
     # --- between attempts ---------------------------------------------------------------------------
 
@@ -76,7 +90,12 @@ class JobNodes:
         )
         if member is None or joined:
             return holder.incarnation, None
-        member.join(self.master_addr, holder.hub_port, timeout)
+        member.join(
+            self.master_addr,
+            holder.hub_port,
+            timeout,
+            key=lambda: read_key(self.run_dir, self.job, self.generation),
+        )
         return holder.incarnation, f"{self.master_addr}:{holder.hub_port}"
 
     def before_restart(self, attempt: int, since: float) -> Failure | None:
@@ -113,6 +132,8 @@ class JobNodes:
         """Say goodbye to the other nodes with this node's exit code (and the lost node, if any)."""
         if self.peers is not None:
             self.peers.close(code, outcome, self.loss)
+        if isinstance(self.peers, Hub):
+            remove_key(self.run_dir, self.link_key)
 
     # --- helpers ------------------------------------------------------------------------------------
 

@@ -18,13 +18,16 @@ Before a local restart, a supervisor requires a beat from every peer received *a
 the ranks of a crashing node may die a moment before its supervisor does.
 
 Star topology (like the rendezvous): nodes other than 0 do not watch each other directly; the hub's
-verdict reaches them. Wire format: one JSON object per line. Standard library only.
+verdict reaches them. Only the job's own supervisors can speak on the link: a hello proves this launch's
+secret by challenge-response and every later message is authenticated (resilience/link_auth.py); node
+0's front door bounds what strangers may cost (resilience/link_gate.py); every field of a message is
+checked before it is acted on (resilience/link_messages.py). Wire format: one line per message, a MAC
+and a JSON object. Standard library only.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import socket
 import threading
 import time
@@ -33,10 +36,23 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from truestep.core.errors import ExitCode, NodeLostError, Outcome, UsageError
+from truestep.resilience.link_auth import Channel, LinkAuthError, hello_line, new_nonce, read_challenge
+from truestep.resilience.link_gate import HELLO_LIMIT, Gate
+from truestep.resilience.link_messages import (
+    HOST_LIMIT,
+    TEXT_LIMIT,
+    Bye,
+    LinkProtocolError,
+    check_beat,
+    check_bye,
+    hello_problem,
+)
 
 IO_TIMEOUT_S = 1.0
 """Socket operations never block a supervisor longer than this (a partitioned peer does not answer)."""
 MAX_LINE = 65536
+KeySource = Callable[[], bytes | None]
+"""Where a member gets this launch's key (None: node 0 has not published it yet)."""
 
 
 @dataclass
@@ -81,49 +97,37 @@ class NodeLoss:
 
 
 class _Conn:
-    """One peer connection: framed JSON lines, the time of the last message, thread-safe sends."""
+    """One authenticated peer connection: sealed lines (resilience/link_auth.py), the time of the last
+    message, thread-safe sends."""
 
-    def __init__(self, sock: socket.socket) -> None:
+    def __init__(self, sock: socket.socket, channel: Channel, buffer: bytes = b"") -> None:
+        sock.setblocking(True)
         sock.settimeout(IO_TIMEOUT_S)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.sock = sock
-        self.buffer = b""
+        self.channel = channel
+        self.buffer = buffer
         self.send_lock = threading.Lock()
         self.last_seen = time.monotonic()
         self.closed = False
 
     def send(self, message: dict[str, Any]) -> bool:
-        data = (json.dumps(message) + "\n").encode()
         with self.send_lock:
             if self.closed:
                 return False
             try:
-                self.sock.sendall(data)
+                self.sock.sendall(self.channel.seal(message))
                 return True
             except OSError:  # timeout (a partitioned peer's window is full) or reset: judged by silence/EOF
                 return False
 
     def receive(self, deadline: float | None = None) -> dict[str, Any] | None:
         """The next message; None when the connection ended (EOF, reset) or, with a (monotonic)
-        `deadline`, when none came by then. Raises ValueError on garbage."""
-        while b"\n" not in self.buffer:
-            try:
-                chunk = self.sock.recv(4096)
-            except TimeoutError:
-                if deadline is not None and time.monotonic() > deadline:
-                    return None
-                continue
-            except OSError:
-                return None
-            if not chunk:
-                return None
-            self.buffer += chunk
-            if len(self.buffer) > MAX_LINE:
-                raise ValueError("line too long")
-        line, self.buffer = self.buffer.split(b"\n", 1)
-        message = json.loads(line)
-        if not isinstance(message, dict):
-            raise ValueError("not a JSON object")
+        `deadline`, when none came by then. LinkAuthError when it is not authenticated or not JSON."""
+        line, self.buffer = _read_line(self.sock, self.buffer, MAX_LINE, deadline)
+        if line is None:
+            return None
+        message = self.channel.open(line)
         self.last_seen = time.monotonic()
         return message
 
@@ -133,6 +137,29 @@ class _Conn:
         with contextlib.suppress(OSError):  # ENOTCONN: the peer is already gone, which is fine here
             self.sock.shutdown(socket.SHUT_RDWR)
         self.sock.close()
+
+
+def _read_line(
+    sock: socket.socket, buffer: bytes, limit: int, deadline: float | None
+) -> tuple[bytes | None, bytes]:
+    """(the next line without its end, what follows it); (None, buffer) at EOF, on a reset or past the
+    (monotonic) deadline. LinkAuthError when more than `limit` bytes come without a line end."""
+    while b"\n" not in buffer:
+        try:
+            chunk = sock.recv(4096)
+        except TimeoutError:
+            if deadline is not None and time.monotonic() > deadline:
+                return None, buffer
+            continue
+        except OSError:
+            return None, buffer
+        if not chunk:
+            return None, buffer
+        buffer += chunk
+        if len(buffer) > limit:
+            raise LinkAuthError(f"a line longer than {limit} bytes")
+    line, rest = buffer.split(b"\n", 1)
+    return line, rest
 
 
 @dataclass
@@ -247,10 +274,11 @@ class PeerLink:
 
     def close(self, code: int, outcome: str, loss: NodeLoss | None = None) -> None:
         """Say goodbye (with the exit code, and the lost node when that is why) and close."""
-        message: dict[str, Any] = {"type": "bye", "code": int(code), "outcome": outcome}
+        message: dict[str, Any] = {"type": "bye", "code": int(code), "outcome": outcome[: TEXT_LIMIT // 16]}
         if loss is not None:
             message["lost"] = {
-                "node": loss.node, "host": loss.host, "how": loss.how, "detail": loss.detail, "code": loss.code,
+                "node": loss.node, "host": loss.host[:HOST_LIMIT], "how": loss.how,
+                "detail": loss.detail[:TEXT_LIMIT], "code": loss.code,
             }  # fmt: skip
         self.stop.set()
         with self.lock:
@@ -269,41 +297,40 @@ class PeerLink:
                 conn.send({"type": "beat", "node": self.node, "time": time.time()})
 
     def _read_forever(self, peer: _Peer, conn: _Conn) -> None:
-        """Record beats and goodbyes until the connection ends; an end without goodbye is a loss."""
+        """Record beats and goodbyes until the connection ends; an end without goodbye is a loss, and so
+        is a message that is not authenticated or not well-formed (a bug or a tampered stream)."""
         how, detail = "closed", "connection closed without a goodbye: its supervisor died"
         while not self.stop.is_set():
             try:
                 message = conn.receive()
-            except (ValueError, UnicodeDecodeError) as err:
+                if message is None:
+                    break
+                kind = message.get("type")
+                if kind == "beat":
+                    check_beat(message, peer.node)
+                    continue
+                if kind != "bye":
+                    raise LinkProtocolError(f"unknown message type {str(kind)[:40]!r}")
+                bye = check_bye(message, peer.node, self.node, self.nnodes, self.requeue_code)
+            except (LinkAuthError, LinkProtocolError) as err:
                 how, detail = "closed", f"protocol error: {err}"
                 break
-            if message is None:
-                break
-            if message.get("type") == "bye":
-                code = message.get("code")
-                if not isinstance(code, int):
-                    how, detail = "closed", f"protocol error: a goodbye without an exit code: {message}"
-                    break
-                self._on_bye(peer, code, str(message.get("outcome", "?")), message.get("lost"))
-                return
+            self._on_bye(peer, bye)
+            return
         with self.lock:
             if peer.gone is None and not self.stop.is_set():
                 peer.gone = NodeLoss(peer.node, peer.host, how, detail)
+        conn.close()
 
-    def _on_bye(self, peer: _Peer, code: int, outcome: str, lost: Any) -> None:
+    def _on_bye(self, peer: _Peer, bye: Bye) -> None:
         with self.lock:
             if peer.gone is None:
-                peer.gone = NodeLoss(
-                    peer.node, peer.host, "left", f"ended ({outcome}) with exit code {code}", code=code
-                )
-            if isinstance(lost, dict) and self.reported is None and lost.get("node") != self.node:
+                detail = f"ended ({bye.outcome}) with exit code {bye.code}"
+                peer.gone = NodeLoss(peer.node, peer.host, "left", detail, code=bye.code)
+            lost = bye.lost
+            if lost is not None and self.reported is None and lost.node != self.node:
                 self.reported = NodeLoss(
-                    int(lost.get("node", -1)),
-                    str(lost.get("host", "")),
-                    str(lost.get("how", "?")),
-                    str(lost.get("detail", "")),
-                    code=lost.get("code") if isinstance(lost.get("code"), int) else None,
-                    via=peer.node,
+                    lost.node, lost.host, lost.how, lost.detail, code=lost.code, via=peer.node
                 )
 
     def _start_thread(self, target: Callable[..., None], *args: Any) -> None:
@@ -311,7 +338,8 @@ class PeerLink:
 
 
 class Hub(PeerLink):
-    """Node 0: accepts the other nodes' supervisors on a free port (published in the lease)."""
+    """Node 0: accepts the other nodes' supervisors on a free port (published in the lease), through a
+    gate that admits only a hello proving `key`, this launch's secret (published in the run directory)."""
 
     def __init__(
         self,
@@ -322,16 +350,25 @@ class Hub(PeerLink):
         timeout_s: float,
         join_timeout_s: float,
         requeue_code: int = ExitCode.REQUEUE,
+        key: bytes = b"",
     ) -> None:
         super().__init__(0, nnodes, job, generation, interval_s, timeout_s, requeue_code)
+        if len(key) < 16:
+            raise ValueError("the node link needs this launch's secret (link_auth.new_key())")
+        self.key = key
         self.join_timeout_s = join_timeout_s
         self.started = time.monotonic()
         self.peers = {k: _Peer(k) for k in range(1, nnodes)}
-        self.listener = socket.create_server(("", 0), family=socket.AF_INET, backlog=max(8, nnodes))
-        self.listener.settimeout(IO_TIMEOUT_S)
-        self.port: int = self.listener.getsockname()[1]
-        self._start_thread(self._accept_forever)
+        listener = socket.create_server(("", 0), family=socket.AF_INET, backlog=max(64, nnodes))
+        self.port: int = listener.getsockname()[1]
+        self.gate = Gate(listener, key, self._admit, self.stop)
+        self._start_thread(self.gate.serve)
         self._start_thread(self._beat_forever)
+
+    @property
+    def refused(self) -> dict[str, int]:
+        """Connections dropped before they proved the key, by reason."""
+        return dict(self.gate.refused)
 
     def _not_joined(self, now: float) -> NodeLoss | None:
         if now - self.started <= self.join_timeout_s:
@@ -347,58 +384,25 @@ class Hub(PeerLink):
             )  # fmt: skip
             return peer.gone
 
-    def _accept_forever(self) -> None:
-        while not self.stop.is_set():
-            try:
-                sock, _ = self.listener.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            self._start_thread(self._welcome, _Conn(sock))
-        self.listener.close()
-
-    def _welcome(self, conn: _Conn) -> None:
-        try:
-            hello = conn.receive(deadline=time.monotonic() + self.timeout_s)
-        except (ValueError, UnicodeDecodeError):
-            hello = None
-        if hello is None or hello.get("type") != "hello":
-            conn.close()  # not one of ours (a port scan, a stray client): ignore it
-            return
-        peer, problem = self._admit(hello, conn)
+    def _admit(self, sock: socket.socket, hello: dict[str, Any], channel: Channel, rest: bytes) -> None:
+        """A hello that proved the key: join its node, or refuse it (sealed, so the member can trust it)."""
+        conn = _Conn(sock, channel, rest)
+        problem = hello_problem(hello, self.job, self.generation, self.nnodes)
+        peer = None
+        if problem is None:
+            with self.lock:
+                peer = self.peers[hello["node"]]
+                if peer.joined or peer.gone is not None:
+                    problem = f"node {peer.node} already joined (from {peer.host}): two launchers with one --node-rank"
+                    peer = None
+                else:
+                    peer.joined, peer.conn, peer.host = True, conn, hello["host"]
         if peer is None:
             conn.send({"type": "reject", "reason": problem})
             conn.close()
             return
         conn.send({"type": "welcome", "host": self.host})
-        self._read_forever(peer, conn)
-
-    def _admit(self, hello: dict[str, Any], conn: _Conn) -> tuple[_Peer | None, str]:
-        """The peer this hello is from, now joined; or None and why it is refused."""
-        node = hello.get("node")
-        if (hello.get("job"), str(hello.get("generation"))) != (self.job, self.generation):
-            return None, (
-                f"it belongs to job {hello.get('job')} launch {hello.get('generation')}, "
-                f"not job {self.job} launch {self.generation}"
-            )
-        if hello.get("nnodes") != self.nnodes:
-            return None, f"it was started with --nnodes {hello.get('nnodes')}, node 0 with {self.nnodes}"
-        if not isinstance(node, int) or node not in self.peers:
-            return None, f"--node-rank {node} is not in 1..{self.nnodes - 1}"
-        with self.lock:
-            peer = self.peers[node]
-            if peer.joined or peer.gone is not None:
-                return (
-                    None,
-                    f"node {node} already joined (from {peer.host}): two launchers with one --node-rank",
-                )
-            peer.joined, peer.conn, peer.host = True, conn, str(hello.get("host", ""))
-        return peer, ""
-
-    def close(self, code: int, outcome: str, loss: NodeLoss | None = None) -> None:
-        super().close(code, outcome, loss)
-        self.listener.close()
+        self._start_thread(self._read_forever, peer, conn)
 
 
 class Member(PeerLink):
@@ -417,24 +421,24 @@ class Member(PeerLink):
         super().__init__(node, nnodes, job, generation, interval_s, timeout_s, requeue_code)
         self.peers = {0: _Peer(0)}
 
-    def join(self, addr: str, port: int, timeout_s: float) -> None:
-        """Connect to node 0 (retrying until `timeout_s`); NodeLostError if it cannot be reached,
-        UsageError if it refuses this node (wrong job, --nnodes, or a duplicate --node-rank)."""
-        hub = self.peers[0]
+    def join(self, addr: str, port: int, timeout_s: float, key: KeySource) -> None:
+        """Connect to node 0 and prove this launch's key (retrying until `timeout_s`); NodeLostError if it
+        cannot be reached or will not prove the key in turn, UsageError if it refuses this node (wrong job,
+        --nnodes, or a duplicate --node-rank)."""
         deadline = time.monotonic() + timeout_s
         last_error = "no attempt"
         while True:
             try:
-                sock = socket.create_connection((addr, port), timeout=IO_TIMEOUT_S)
-                conn = _Conn(sock)
-                conn.send({"type": "hello", "node": self.node, "nnodes": self.nnodes, "job": self.job,
-                           "generation": self.generation, "host": self.host})  # fmt: skip
-                answer = conn.receive(deadline=time.monotonic() + self.timeout_s)
+                secret = key()
+                answer = self._hello(addr, port, secret) if secret is not None else None
                 if answer is not None:
                     break
-                conn.close()
-                last_error = "node 0 did not answer"
-            except (OSError, ValueError) as err:
+                last_error = (
+                    "node 0 has not published this launch's node link key yet" if secret is None else
+                    "node 0 closed the connection without proving the key: its launch's key is not the one "
+                    "this node read (another launch?)"
+                )  # fmt: skip
+            except (OSError, LinkAuthError) as err:
                 last_error = str(err)
             if time.monotonic() > deadline:
                 raise NodeLostError(
@@ -442,13 +446,41 @@ class Member(PeerLink):
                     f"(resilience.startup_timeout_s): {last_error}"
                 )
             time.sleep(0.2)
-        if answer.get("type") == "reject":
+        conn, message = answer
+        if message.get("type") == "reject":
             conn.close()
-            raise UsageError(f"node 0 ({addr}) refused node {self.node}: {answer.get('reason')}")
+            raise UsageError(f"node 0 ({addr}) refused node {self.node}: {str(message.get('reason'))[:500]}")
+        if message.get("type") != "welcome" or not isinstance(message.get("host", addr), str):
+            conn.close()
+            raise NodeLostError(f"node 0 ({addr}) answered the hello with {str(message)[:200]}")
+        hub = self.peers[0]
         with self.lock:
-            hub.joined, hub.conn, hub.host = True, conn, str(answer.get("host", addr))
+            hub.joined, hub.conn, hub.host = True, conn, str(message.get("host", addr))[:255]
         self._start_thread(self._read_forever, hub, conn)
         self._start_thread(self._beat_forever)
+
+    def _hello(self, addr: str, port: int, key: bytes) -> tuple[_Conn, dict[str, Any]] | None:
+        """One handshake: the authenticated connection and node 0's sealed answer, or None when node 0
+        closed it or did not answer in time. LinkAuthError when the answer does not prove the key."""
+        sock = socket.create_connection((addr, port), timeout=IO_TIMEOUT_S)
+        answer_by = time.monotonic() + self.timeout_s
+        try:
+            line, rest = _read_line(sock, b"", HELLO_LIMIT, answer_by)
+            if line is None:
+                sock.close()
+                return None
+            challenge, nonce = read_challenge(line), new_nonce()
+            hello = {"type": "hello", "node": self.node, "nnodes": self.nnodes, "job": self.job,
+                     "generation": self.generation, "host": self.host, "nonce": nonce}  # fmt: skip
+            sock.sendall(hello_line(key, challenge, hello))
+            conn = _Conn(sock, Channel(key, challenge, nonce, is_hub=False), rest)
+            message = conn.receive(deadline=answer_by)
+        except BaseException:
+            sock.close()
+            raise
+        if message is None:
+            conn.close()
+        return (conn, message) if message is not None else None
 
 
 def make_link(
@@ -460,10 +492,12 @@ def make_link(
     timeout_s: float,
     join_timeout_s: float,
     requeue_code: int,
+    key: bytes,
 ) -> PeerLink | None:
-    """The link for this node of the job: None for one node, the hub on node 0, a member elsewhere."""
+    """The link for this node of the job: None for one node, the hub on node 0 (admitting only hellos
+    that prove `key`), a member elsewhere (which reads the key when it joins)."""
     if nnodes <= 1:
         return None
     if node == 0:
-        return Hub(nnodes, job, generation, interval_s, timeout_s, join_timeout_s, requeue_code)
+        return Hub(nnodes, job, generation, interval_s, timeout_s, join_timeout_s, requeue_code, key)
     return Member(node, nnodes, job, generation, interval_s, timeout_s, requeue_code)

@@ -40,6 +40,7 @@ from typing import Any
 from truestep.core.launch import Launch
 from truestep.core.names import heartbeat_path
 from truestep.core.status import Phase
+from truestep.resilience.early_signals import held_for_child
 from truestep.resilience.handoff import env_differences, parked_env, send_line
 from truestep.resilience.heartbeat import read_heartbeat
 from truestep.resilience.watch import Rank
@@ -120,7 +121,8 @@ class StandbyPool:
                     self._handed(standby, launch, sent)
                     return standby.proc
             self._discard(standby, reason)
-        return subprocess.Popen(RANK_COMMAND, env=env, start_new_session=True)
+        with held_for_child():  # a preemption notice before its handlers waits for them
+            return subprocess.Popen(RANK_COMMAND, env=env, start_new_session=True)
 
     @staticmethod
     def _unfit(standby: Standby, env: dict[str, str]) -> str | None:
@@ -185,7 +187,8 @@ class StandbyPool:
         # The config it warms up for: the latest attempt's (the next one's holds the same resolved config).
         argv = [sys.executable, "-m", "truestep", "standby", str(theirs.fileno()), launch.config_file]
         try:
-            proc = subprocess.Popen(argv, env=env, start_new_session=True, pass_fds=(theirs.fileno(),))
+            with held_for_child():  # parked with them blocked: a notice waits for the rank it becomes
+                proc = subprocess.Popen(argv, env=env, start_new_session=True, pass_fds=(theirs.fileno(),))
         finally:
             theirs.close()
         ours.setblocking(False)

@@ -32,6 +32,10 @@ from truestep.core.errors import ExitCode, FencedError, Outcome, TruestepError
 from truestep.core.fsio import atomic_write, make_dir
 from truestep.core.launch import Launch, without_launch
 from truestep.core.names import EVENTS_FILE, attempt_config_path, heartbeat_path
+from truestep.faults.hooks import arm as arm_faults
+from truestep.faults.hooks import fault_point
+from truestep.faults.hooks import set_context as set_fault_context
+from truestep.faults.spec import parse_faults
 from truestep.resilience.lease import RunDirLease
 from truestep.resilience.nodes import JobNodes
 from truestep.resilience.standby import StandbyPool
@@ -108,6 +112,7 @@ class Supervisor:
         )
         hub_port = self.nodes.hub_port  # published in the lease for the other nodes
         taken_over = self.lease.acquire(hub_port) if spec.node_rank == 0 else None  # refuses a second job
+        self.nodes.publish_key()  # node 0: the link's secret, only once the run directory is this job's
         self.events = JsonlWriter(
             self.run_dir / EVENTS_FILE,
             {"source": "supervisor", "node": spec.node_rank, "host": socket.gethostname()},
@@ -125,6 +130,8 @@ class Supervisor:
         """How the supervisor ended (supervisor_end's outcome), told to the other nodes."""
         self.job_start = spec.launch.job_start or time.time()
         self.node_launch = node_launch(spec, self.job_start, self.run_dir)
+        # The supervisor's own fault point (teardown) fires from the same specs its ranks get.
+        arm_faults(parse_faults(self.node_launch.faults), self.node_launch)
         preemption = cfg.resilience.preemption_signals()
         for signum in preemption:
             signal.signal(signum, self._on_signal)
@@ -152,6 +159,7 @@ class Supervisor:
         return attempt
 
     def _spawn(self, attempt: int) -> list[Rank]:
+        set_fault_context(run_dir=self.run_dir, attempt=attempt)
         port = self.spec.master_port or free_port()
         config_file = attempt_config_path(self.run_dir, attempt, self.spec.node_rank)
         make_dir(config_file.parent)
@@ -226,6 +234,7 @@ class Supervisor:
     def _teardown(ranks: list[Rank]) -> None:
         """Kill every survivor now: after a failure nothing they do is worth waiting for (the newest
         committed checkpoint is the restart point), and SIGKILL also ends a SIGSTOPped process."""
+        fault_point("teardown")  # e.g. `term:at=teardown`: a preemption notice meets this recovery
         for rank in ranks:
             if rank.proc.poll() is None:
                 rank.proc.kill()
@@ -236,7 +245,7 @@ class Supervisor:
         self.outcome = outcome
         self.events.write(
             {"event": "supervisor_end", "attempt": self.attempt, "outcome": outcome, "restarts": restarts,
-             "exit_code": code}
+             "exit_code": code, "link_refused": self.nodes.link_refused}
         )  # fmt: skip
         return code
 
@@ -269,6 +278,18 @@ class Supervisor:
         restarts = 0
         while True:
             self.attempt = self._next_attempt()
+            if self.signalled or self.interrupts:
+                # The notice came during the recovery, before the ranks: they would restore the newest
+                # commit only to save it again. Stop now; the requeue resumes from that same commit.
+                stop = (
+                    ("requeue", self.requeue_code)
+                    if self.signalled
+                    else ("interrupted", ExitCode.INTERRUPTED)
+                )
+                self.events.write(
+                    {"event": "stopped_before_spawn", "attempt": self.attempt, "outcome": stop[0]}
+                )
+                return self._end(stop[0], restarts, stop[1])
             ranks = self._spawn(self.attempt)
             end = self._watch(ranks)
             if end.failure is not None or end.word in ("fenced", "interrupted"):
