@@ -205,7 +205,8 @@ def _final_compared(c: Comparison, floor: FloorModel, judged_ckpts: set[int]) ->
         return False
     if final in judged_ckpts:
         return True
-    return floor.bitwise and final in c.digests  # a digest says nothing at a nonzero floor
+    # Equal digests are identical parameters anywhere; a differing digest says nothing at a nonzero floor.
+    return c.digests.get(final) is True or (floor.bitwise and final in c.digests)
 
 
 def _gaps(c: Comparison, floor: FloorModel, judged_ckpts: set[int], final_ok: bool) -> list[Gap]:
@@ -234,7 +235,7 @@ def _gaps(c: Comparison, floor: FloorModel, judged_ckpts: set[int], final_ok: bo
         why = (
             "no parameter digest of the run at that step, and no checkpoint of both runs read there"
             if floor.bitwise
-            else "no state distance at that step (a digest cannot be judged at a nonzero floor)"
+            else "no state distance at that step (a differing digest cannot be judged at a nonzero floor)"
         )
         gaps.append(Gap("final parameters not compared at step", (c.final_step,), why))
     return gaps
