@@ -194,7 +194,7 @@ def report(results: list[dict], args: argparse.Namespace) -> list[str]:
     lines += ["", "Detected fraction (envelope rule / scalar rule), pooled over the draws:", ""]
     lines.append("| resumed with | " + " | ".join(f"K={k} envelope | K={k} scalar" for k in args.ks) + " |")
     lines.append("|---|" + "---|---|" * len(args.ks))
-    roles = [f"d={d:g}" for d in args.grid] + list(ROWS)
+    roles = [f"d={d:g}" for d in args.grid] + (list(ROWS) if args.mechanisms else [])
     for role in roles:
         row = [f"restore error {role[2:]}" if role.startswith("d=") else role]
         for k in args.ks:

@@ -109,6 +109,12 @@ def test_a_resumed_attempt_with_another_config_is_incomplete_and_names_the_keys(
     assert "attempt 1: optim.lr: 0.0003 -> 0.0004" in v.label
     proc = cli("fidelity", str(run.path), "--reference", str(ref.path))
     assert proc.returncode == 8 and "optim.lr: 0.0003 -> 0.0004" in proc.stdout
+    # The same resume where the changed lr shows in the logged lr (x1.001): a difference from the reference
+    # on steps the reference cannot vouch for is still a difference: VIOLATED, the gap appended.
+    lr = edit(run, metrics=lambda ms: [{**m, "lr": m["lr"] * 1.001} if m["attempt"] == 1 else m for m in ms])
+    v = analyze_run("lr", lr, ref, None).verdict
+    assert v.status is Status.VIOLATED and (v.violation.step, v.violation.observable) == (6, "lr")
+    assert "also incomplete: another config computed steps 6-10" in v.label
 
 
 def test_a_run_of_another_experiment_is_refused_unless_asked(tmp_path: Path) -> None:

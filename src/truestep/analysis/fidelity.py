@@ -78,8 +78,8 @@ class Window:
 @dataclass
 class Comparison:
     steps: list[StepDelta]
-    """Every step of the reference that the run also has (computed under the reference's config), in
-    step order."""
+    """Every step of the reference that the run also has, in step order (foreign steps included: a
+    difference there is still a difference from the reference)."""
     missing_steps: list[int]
     """Steps of the reference the run never logged: it did not get there."""
     unverifiable_steps: list[int]
@@ -93,7 +93,7 @@ class Comparison:
     layout_changed: bool = False
     foreign_steps: list[int] = field(default_factory=list)
     """Steps of the run computed by an attempt whose config fingerprint is not the reference's (or
-    unknown): the reference cannot vouch for them, so they are not compared."""
+    unknown): compared, but the reference cannot vouch for them, so they never count as agreement."""
     config_mismatch: list[str] = field(default_factory=list)
     """One phrase per such attempt, naming the keys that differ where both logged them."""
     replays: list[Replay] = field(default_factory=list)
@@ -137,7 +137,7 @@ class Comparison:
 
     @property
     def fraction_bitwise_equal(self) -> float:
-        total = len(self.steps) + len(self.missing_steps) + len(self.foreign_steps)
+        total = len(self.steps) + len(self.missing_steps)
         return sum(d.bitwise for d in self.steps) / total if total else 1.0
 
     @property
@@ -280,8 +280,7 @@ def compare(run: RunLog, ref: RunLog, state: list[StateDistance] | None = None) 
     when the checkpoints were read (they are read once, by the caller that knows which steps count;
     None: not read)."""
     foreign, mismatch = _foreign(run, ref)
-    ours = set(run.final_steps) - set(foreign)
-    deltas = step_deltas(run, ref, ours)
+    deltas = step_deltas(run, ref)
     ref_digests, run_digests = ref.digests(), run.digests()
     found, not_compared = replays(run)
     kept, ref_kept = checkpoints(run.path), checkpoints(ref.path)
@@ -289,18 +288,16 @@ def compare(run: RunLog, ref: RunLog, state: list[StateDistance] | None = None) 
         steps=deltas,
         missing_steps=[s for s in ref.final_steps if s not in run.final_steps],
         unverifiable_steps=[s for s in run.final_steps if s not in ref.final_steps],
-        digests={
-            s: run_digests[s] == d for s, d in ref_digests.items() if s in run_digests and s not in foreign
-        },
-        state=[d for d in state or [] if d.step not in foreign],
+        digests={s: run_digests[s] == d for s, d in ref_digests.items() if s in run_digests},
+        state=list(state or []),
         windows=_windows(run, {d.step: d for d in deltas}),
         layout_changed=bool(run.layout_changes()),
         foreign_steps=foreign,
         config_mismatch=mismatch,
-        replays=[r for r in found if r.step not in foreign],
+        replays=found,
         replays_not_compared=not_compared,
         digest_replays=_digest_replays(run),
-        checkpoint_steps=sorted(s for s in ref_kept if s in kept and s not in foreign),
+        checkpoint_steps=sorted(s for s in ref_kept if s in kept),
         run_only_checkpoints=sorted(s for s in kept if s not in ref_kept),
         state_read=state is not None,
         final_step=max(ref.final_steps, default=None),

@@ -223,7 +223,7 @@ def _gaps(c: Comparison, floor: FloorModel, judged_ckpts: set[int], final_ok: bo
     if one_sided:
         steps = tuple(d.step for d in c.steps if d.one_sided)
         gaps.append(Gap(f"{', '.join(one_sided)} logged by one side only at steps", steps))
-    unjudged = tuple(s for s in c.checkpoint_steps if s not in judged_ckpts)
+    unjudged = tuple(s for s in c.checkpoint_steps if s not in judged_ckpts and s not in c.foreign_steps)
     if unjudged:
         why = (
             "checkpoints not read (--skip-state)"
@@ -288,11 +288,12 @@ def judge(c: Comparison | None, floor: FloorModel) -> RunVerdict:
     judged_ckpts = _judged_checkpoints(c, floor)
     final_ok = _final_compared(c, floor, judged_ckpts)
     gaps = tuple(_gaps(c, floor, judged_ckpts, final_ok))
-    complete = [d for d in c.steps if not d.one_sided]
+    foreign = set(c.foreign_steps)
+    complete = [d for d in c.steps if not d.one_sided and d.step not in foreign]
     evidence = Evidence(
         steps=len(complete),
-        steps_expected=len(c.steps) + len(c.missing_steps) + len(c.unverifiable_steps) + len(c.foreign_steps),
-        checkpoints=len(judged_ckpts & set(c.checkpoint_steps)),
+        steps_expected=len(c.steps) + len(c.missing_steps) + len(c.unverifiable_steps),
+        checkpoints=len((judged_ckpts & set(c.checkpoint_steps)) - foreign),
         checkpoints_expected=len(c.checkpoint_steps),
         final_parameters=final_ok,
         replays=len(c.replays),

@@ -105,7 +105,11 @@ def report_main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="truestep report", description="report.md + report.html for DIR.")
     p.add_argument("dir", help="an experiment directory (with experiment.json)")
     p.add_argument("--margin", type=float, default=DEFAULT_MARGIN)
-    p.add_argument("--skip-state", action="store_true", help="do not read checkpoints (state distances)")
+    p.add_argument(
+        "--skip-state",
+        action="store_true",
+        help="do not read checkpoints (state distances): verdicts are then incomplete where runs kept any",
+    )
     a = p.parse_args(argv)
     summary = summarize(Path(a.dir), a.margin, not a.skip_state)
     _report(Path(a.dir), summary)
