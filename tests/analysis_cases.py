@@ -3,6 +3,7 @@ the supervisor and the fault hooks write, on a simulated clock, so every measure
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from collections.abc import Callable
@@ -12,6 +13,9 @@ from truestep.analysis.runlog import RunLog
 
 TOKENS = 256
 FINGERPRINT = "f00dfeedf00dfeed"
+_RUNS = itertools.count(1)
+"""Each hand-made run starts at its own instant (as real runs do): two runs with the same start times
+are one run copied, and the floor counts a copy once."""
 
 
 def loss_of(step: int) -> float:
@@ -69,7 +73,7 @@ def clean(
     loss = loss or loss_of
     metrics = [line(s, 0, 1.0 + s, loss(s), grad=grad(s) if grad else None) for s in range(1, steps + 1)]
     events = [
-        start(0, 0.5, 0.0, fingerprint),
+        start(0, 0.5 + 1e-6 * next(_RUNS), 0.0, fingerprint),
         {"time": steps + 1.1, "event": "run_end", "attempt": 0, "step": steps, "param_digest": digest},
     ]
     return write_run(path, metrics, events)

@@ -49,7 +49,13 @@ def test_nonzero_floor_and_margin(tmp_path: Path) -> None:
     assert floor.max_dloss == pytest.approx(1e-6) and not floor.bitwise
     within = clean(tmp_path / "in", loss=lambda s: loss_of(s) + 1.5e-6, digest="x")
     beyond = clean(tmp_path / "out", loss=lambda s: loss_of(s) + (3e-6 if s >= 4 else 0), digest="y")
-    assert judge(compare(within, ref), floor).status is Status.WITHIN_FLOOR
+    v = judge(compare(within, ref), floor)
+    assert v.violation is None and v.status is Status.INSUFFICIENT_FLOOR  # K = 1 at a nonzero floor
+    floor = measure_floor(
+        ref, [repeat, clean(tmp_path / "rep2", loss=lambda s: loss_of(s) - 1e-6, digest="o2")]
+    )
+    v = judge(compare(within, ref), floor)
+    assert v.violation is None and v.status is Status.INCOMPLETE  # no state: final parameters not judged
     v = judge(compare(beyond, ref), floor)
     assert v.first_violation_step == 4 and v.violation.threshold == pytest.approx(2e-6)
 
@@ -59,13 +65,14 @@ def test_missing_steps_and_nan_are_violations(tmp_path: Path) -> None:
     short = write_run(tmp_path / "short", [line(s, 0, 1.0 + s) for s in range(1, 9)], [start(0, 0.5)])
     assert compare(short, ref).missing_steps == [9, 10]
     v = verdict(short, ref)
-    assert (
-        v.status is Status.INCOMPLETE and v.first_violation_step == 9 and v.label == "INCOMPLETE from step 9"
-    )
+    assert v.status is Status.INCOMPLETE and v.first_violation_step is None and v.first_divergent_step == 9
+    assert v.label == "INCOMPLETE: the run never logged steps 9-10 (2 steps)" and v.exit_code == 8
     nan = clean(tmp_path / "nan", loss=lambda s: math.nan if s == 3 else loss_of(s))
     assert compare(nan, ref).max_dloss == math.inf
-    repeat = clean(tmp_path / "rep", loss=lambda s: loss_of(s) + 0.5, digest="other")
-    assert judge(compare(nan, ref), measure_floor(ref, [repeat])).first_violation_step == 3
+    repeats = [
+        clean(tmp_path / f"rep{k}", loss=lambda s, k=k: loss_of(s) + 0.5 * k, digest=f"o{k}") for k in (1, 2)
+    ]
+    assert judge(compare(nan, ref), measure_floor(ref, repeats)).first_violation_step == 3
 
 
 def test_goodput_and_badput_by_hand(tmp_path: Path) -> None:

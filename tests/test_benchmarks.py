@@ -78,3 +78,14 @@ def test_recovery_phases_add_up_to_the_mttr(tmp_path: Path) -> None:
     assert got["standbys"] == "1/2 ready standbys"
     assert got["redone"] == 2 and got["attempt"] == 1
     assert got["regained"] == pytest.approx(0.65)  # step 7 again
+
+
+def test_clopper_pearson_matches_the_known_exact_intervals() -> None:
+    """detection_power.py calls a target met only from these bounds: 0/100 -> upper 3.62 % (the
+    "rule of three" is the one-sided 3.0 %), 5/100 -> [1.64 %, 11.28 %]."""
+    from bench_common import clopper_pearson
+
+    assert clopper_pearson(0, 100) == pytest.approx((0.0, 0.03622), abs=1e-5)
+    assert clopper_pearson(5, 100) == pytest.approx((0.01643, 0.11283), abs=1e-5)
+    assert clopper_pearson(20, 20) == pytest.approx((0.83157, 1.0), abs=1e-5)
+    assert clopper_pearson(0, 0) == (0.0, 1.0)

@@ -31,7 +31,12 @@ def test_experiment_with_two_faults_is_bitwise_and_reported(tmp_path: Path) -> N
     [group] = json.loads((out / "summary.json").read_text())["groups"]
     assert group["floor"]["bitwise"] and group["floor"]["repeats"] == [str(out / "runs" / "floor-1")]
     faulted = group["runs"]["faulted"]
-    assert faulted["verdict"]["label"] == "bitwise" and faulted["comparison"]["fraction_bitwise_equal"] == 1.0
+    assert (
+        faulted["verdict"]["status"] == "bitwise" and faulted["comparison"]["fraction_bitwise_equal"] == 1.0
+    )
+    # "bitwise" only for what was compared, with the counts (issue 29).
+    assert faulted["verdict"]["label"].startswith("bitwise: 26/26 steps, ")
+    assert "final parameters" in faulted["verdict"]["label"] and not faulted["verdict"]["gaps"]
     # Parameters and optimizer moments were compared at every checkpoint both runs kept: all exactly 0.
     state = faulted["comparison"]["state"]
     assert state and all(v == 0.0 for d in state for v in d["totals"].values())

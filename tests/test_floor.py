@@ -51,11 +51,15 @@ def test_a_run_is_judged_against_tau_times_the_envelope_at_its_step(floor, tmp_p
     inside = clean(tmp_path / "in", steps=6, loss=offset([0, 0, 24, 0, 0, 0]), digest="x")
     late = clean(tmp_path / "late", steps=6, loss=offset([0, 0, 0, 0, 0, 0.1]), digest="y")
     early = clean(tmp_path / "early", steps=6, loss=offset([11, 0, 0, 0, 0, 0]), digest="z")
-    assert judge(compare(inside, ref), model).status is Status.WITHIN_FLOOR  # 24e-3 <= 5 x 5e-3
+    # Hand-made runs keep no checkpoints: at a nonzero floor their final parameters cannot be judged
+    # (a digest says nothing there), so a run within the floor on every step is INCOMPLETE, never a pass.
+    v = judge(compare(inside, ref), model)  # 24e-3 <= 5 x 5e-3
+    assert v.violation is None and v.status is Status.INCOMPLETE
+    assert [g.what for g in v.gaps] == ["final parameters not compared at step"] and v.exit_code == 8
     v = judge(compare(early, ref), model)  # 11e-3 > 5 x 2e-3 at step 1
     assert v.first_violation_step == 1 and v.violation.threshold == pytest.approx(1e-2)
-    assert judge(compare(late, ref), model).status is Status.WITHIN_FLOOR  # 0.1e-3 at step 6
-    assert judge(compare(late, ref), model).first_divergent_step == 6
+    v = judge(compare(late, ref), model)  # 0.1e-3 at step 6
+    assert v.violation is None and v.first_divergent_step == 6
 
 
 def test_one_repeat_is_uncalibrated_and_ratios_handle_zero_and_infinity(tmp_path: Path) -> None:

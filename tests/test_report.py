@@ -6,6 +6,7 @@ the supervisor and the fault hooks write, so the numbers the report must show ar
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import re
@@ -34,6 +35,7 @@ TOKENS = 64
 STEPS = 10
 SAVE_AT = 5
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+_RUNS = itertools.count()
 
 
 def loss_at(step: int) -> float:
@@ -50,7 +52,7 @@ class RunWriter:
     def __init__(self) -> None:
         self.metrics: list[dict[str, Any]] = []
         self.events: list[dict[str, Any]] = []
-        self.now = T0
+        self.now = T0 + 1e-3 * next(_RUNS)  # each run starts at its own instant (a copy would not)
 
     def sup(self, event: str, **fields: Any) -> None:
         self.events.append({"time": self.now, "source": "supervisor", "node": 0, "event": event, **fields})
@@ -183,6 +185,7 @@ def faulted_run(
 ROLES = {
     "reference": {"role": "reference"},
     "floor": {"role": "floor"},
+    "floor-2": {"role": "floor"},
     "faulted": {"role": "faulted"},
     "ablation-all-on-hard": {"role": "ablation", "row": "all-on", "mode": "hard"},
     "ablation-rng-restore-off-hard": {"role": "ablation", "row": "rng-restore-off", "mode": "hard"},
@@ -197,6 +200,8 @@ def make_experiment(
 ) -> dict:
     floor_digest = "digest-floor" if floor_perturb else "digest-final"
     runs: dict[str, RunWriter] = {"reference": clean_run(), "floor": clean_run(floor_perturb, floor_digest)}
+    if floor_perturb:  # a nonzero floor needs two distinct repeats before it judges anything
+        runs["floor-2"] = clean_run({s: -0.7 * d for s, d in floor_perturb.items()}, "digest-floor-2")
     runs["faulted"], expected = faulted_run(
         faulted_perturb, "digest-x" if faulted_perturb else "digest-final"
     )
@@ -226,7 +231,8 @@ def test_report_on_exact_floor(tmp_path: Path) -> None:
     # The analysis itself, on numbers known by construction.
     assert group.floor.bitwise and group.floor.max_dloss == 0.0 and group.floor.source == "measured"
     faulted = runs["faulted"]
-    assert faulted.verdict.label == "bitwise" and faulted.comparison.first_divergent_step is None
+    counted = "10/10 steps, 0/0 checkpoints, final parameters, 1 pre-fault line re-checked"
+    assert faulted.verdict.label == f"bitwise: {counted}" and faulted.comparison.first_divergent_step is None
     assert faulted.comparison.fraction_bitwise_equal == 1.0
     assert faulted.comparison.digests[STEPS] is True
     assert faulted.resumes == 1
@@ -253,8 +259,10 @@ def test_report_on_exact_floor(tmp_path: Path) -> None:
     assert (md_path, html_path) == (tmp_path / "report.md", tmp_path / "report.html")
     md = md_path.read_text()
     assert "**PASS.**" in md
-    assert "**Recovery was correct:**" in md and "bitwise equal to the reference on all 10 steps" in md
-    assert "| `faulted` | 1 | 1 | bitwise |" in md
+    assert "**Recovery was correct:**" in md
+    assert f"bitwise equal to the reference in everything compared ({counted})" in md
+    assert f"| `faulted` | 1 | 1 | bitwise: {counted} |" in md
+    assert "## What this verdict cannot see" in md and "A bug confined to one small tensor" in md
     assert "| `ablation-rng-restore-off-hard` | 1 | 1 | VIOLATED at step 6 (loss) | 6 | 6 |" in md
     assert "**FLAGGED** (VIOLATED at step 6 (loss))" in md
     assert "rng-restore-off/hard (VIOLATED at step 6 (loss))" in md
@@ -290,18 +298,24 @@ def test_report_on_exact_floor(tmp_path: Path) -> None:
 
 
 def test_report_on_measured_floor(tmp_path: Path) -> None:
-    """A nonzero floor: the faulted run differs bitwise but stays within the floor's threshold."""
+    """A nonzero floor of two distinct repeats: the faulted run differs bitwise but stays within the
+    threshold at every step. Its final parameters cannot be judged there (no checkpoints in a hand-made
+    run, and a digest says nothing at a nonzero floor), so it is not a pass: INCOMPLETE, exit 8, and the
+    report names the missing evidence (issue 29)."""
     make_experiment(tmp_path, floor_perturb={3: 1e-5, 8: -1e-5}, faulted_perturb={7: 1.5e-5})
     summary = summarize(tmp_path)
     [group] = summary.groups
     faulted = group.runs["faulted"]
-    assert not group.floor.bitwise
-    assert faulted.comparison.first_divergent_step == 7 and faulted.verdict.preserving
-    assert faulted.verdict.label == "within floor"
+    assert not group.floor.bitwise and group.floor.k == 2
+    assert "calibrated over 2 distinct repeats" in group.floor.label
+    assert faulted.comparison.first_divergent_step == 7 and faulted.verdict.violation is None
+    assert faulted.verdict.label.startswith("INCOMPLETE: final parameters not compared at step 10")
+    assert summary.verdict.head == "INCOMPLETE" and summary.verdict.exit_code == 8
     md_path, html_path = write_report(tmp_path, summary)
     md = md_path.read_text()
-    assert "**Recovery was correct within the floor:**" in md
+    assert "**INCOMPLETE.**" in md and "**Recovery could not be verified:**" in md
     assert "first bitwise difference at step 7" in md
+    assert "`faulted`: final parameters not compared at step 10" in md  # in "what this verdict cannot see"
     assert (tmp_path / "plots" / "deviation-faulted.png").read_bytes()[:8] == PNG_MAGIC
     assert "http" not in strip_data_uris(html_path.read_text())
 
@@ -385,7 +399,8 @@ def test_an_experiment_written_before_roles_and_a_name_that_escapes(tmp_path: Pa
     """experiment.json names only the jobs (the format before roles): roles come from the names. A job
     name that is a path is refused before anything is read."""
     make_experiment(tmp_path)
-    (tmp_path / "experiment.json").write_text(json.dumps({"jobs": [{"name": n} for n in ROLES]}))
+    made = [n for n in ROLES if (tmp_path / "runs" / n).is_dir()]
+    (tmp_path / "experiment.json").write_text(json.dumps({"jobs": [{"name": n} for n in made]}))
     summary = summarize(tmp_path)
     assert [c.row for c in summary.groups[0].cells] == ["all-on", "rng-restore-off"]
     (tmp_path / "experiment.json").write_text(

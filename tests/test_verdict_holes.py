@@ -58,7 +58,8 @@ def test_a_floor_that_was_faulted_or_resumed_is_refused(tmp_path: Path) -> None:
     ref = clean(tmp_path / "ref")
     with pytest.raises(RunLogError, match="injected faults"):
         measure_floor(ref, [killed_and_resumed(tmp_path / "faulted")])
-    short = write_run(tmp_path / "short", [line(s, 0, 1.0 + s) for s in range(1, 8)], [start(0, 0.5)])
+    end = {"time": 8.5, "event": "run_end", "attempt": 0, "step": 7, "param_digest": "d"}
+    short = write_run(tmp_path / "short", [line(s, 0, 1.0 + s) for s in range(1, 8)], [start(0, 0.6), end])
     with pytest.raises(RunLogError, match="cover exactly the reference's steps"):
         measure_floor(ref, [short])
 
@@ -84,7 +85,9 @@ def test_steps_past_the_reference_are_unverifiable_and_never_correct(tmp_path: P
     c = compare(longer, ref)
     assert c.unverifiable_steps == [11, 12]
     v = judge(c, measure_floor(ref, []))
-    assert v.status is Status.BITWISE and v.unverifiable_steps == 2 and "2 steps unverifiable" in v.label
+    # Issue 29: a step without a reference line is missing evidence, never agreement (exit 8, not 0).
+    assert v.status is Status.INCOMPLETE and v.unverifiable_steps == 2 and v.exit_code == 8
+    assert v.label.startswith("INCOMPLETE: no reference line for steps 11-12 (2 steps)")
     g = goodput(longer, v.first_violation_step, set(c.unverifiable_steps))
     assert g.steps == 12 and g.correct_steps == 10 and g.unverifiable_steps == 2
     assert g.badput_s["unverifiable"] == pytest.approx(2.0) and g.useful_s == pytest.approx(10.0)

@@ -1,21 +1,26 @@
 """The same-seed floor: how far failure-free same-seed runs land from the reference, per observable and
 per step, and the thresholds calibrated on them.
 
-Observables ("families"): |Δloss| and |Δgrad norm| at every step, parameter-digest equality wherever
-both runs logged one, and the per-kind state distances (params, exp_avg, exp_avg_sq, step) at the
-checkpoint steps every floor run kept. For each family:
+Observables ("families"): the difference of every observable of a metrics line (loss, grad norm, lr,
+tokens seen, ...) at every step, parameter-digest equality wherever both runs logged one, and the
+per-kind state distances (params, exp_avg, exp_avg_sq, step) at the checkpoint steps every floor run
+kept. With K distinct repeats, r = 2 if K >= 3 else 1, and for each family:
 
-- the **envelope** E(s) is the running maximum over the floor repeats of the family's value at steps
-  <= s + LOOKAHEAD (2): platform noise drifts (tiny early, large late), so the band grows with the run
-  instead of being one number for all of it; where the floor is not bitwise, |Δloss| and |Δgrad norm| envelopes are at
-  least one fp32 ulp of the reference's value (the resolution of the logged number);
-- the **threshold multiplier** tau is calibrated by leave-one-out: each repeat is judged against the
-  envelope of the others, its largest ratio value / envelope is one draw of the statistic under "nothing
-  is wrong", and tau = margin x max(1, the largest such draw). With one repeat there is nothing to leave
-  out: tau = margin, uncalibrated (the report says so).
+- the **envelope** E(s) is the r-th largest, over the repeats, of each repeat's running maximum of the
+  family's value at steps <= s + LOOKAHEAD (2): platform noise drifts (tiny early, large late), so the
+  band grows with the run; taking the second largest from K = 3 on means one odd repeat (a transient
+  spike) cannot widen it. Where the floor is not bitwise, loss and grad-norm envelopes are at least one
+  fp32 ulp of the reference's value (the resolution of the logged number);
+- the **threshold multiplier** tau = margin x max(1, the r-th largest leave-one-out statistic), each
+  repeat judged against the envelope of the others (same r): one odd repeat cannot inflate it either.
+  For exchangeable runs a failure-free run then exceeds tau x E in that family with probability at most
+  r / (K + 1), whatever the noise distribution (`guarantee`; docs/measures.md has the argument).
 
-docs/measures.md has the reasoning and what this cannot see. Floor runs are validated first: a floor
-that is not a failure-free run of the same config is refused, loudly (RunLogError).
+Floor runs are validated first, loudly (RunLogError, exit 3): failure-free, finite, one config and one
+attempt, the reference's fingerprint, steps and layout (another layout only when asked for, and then
+labelled), not the reference itself. Repeats that are the same run (a copy: identical start times) or,
+at a nonzero floor, carry bit-identical observables (to each other, or to the reference) count once: K
+counts distinct draws. Fewer than 2 at a nonzero floor is an insufficient floor (analysis/verdict.py).
 """
 
 from __future__ import annotations
@@ -23,12 +28,17 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from truestep.analysis.fidelity import DEFAULT_MARGIN, Comparison, compare
+from truestep.analysis.fidelity import DEFAULT_MARGIN, GRAD_NORM, LOSS, Comparison, compare
 from truestep.analysis.runlog import RunLog, RunLogError
 from truestep.analysis.state import checkpoints, distances
 
-LOSS, GRAD_NORM, DIGEST = "loss", "grad_norm", "digest"
+DIGEST = "digest"
 STEP_FAMILIES = (LOSS, GRAD_NORM)
+ROBUST_FROM = 3
+"""From this many distinct repeats on, envelopes and thresholds use the second largest value, not the
+largest: one odd repeat changes neither."""
+MIN_REPEATS = 2
+"""Distinct repeats needed before a nonzero floor can judge anything."""
 
 
 @dataclass(frozen=True)
@@ -57,25 +67,69 @@ class FamilyFloor:
 
     @property
     def calibrated(self) -> bool:
-        return len(self.loo) >= 2
+        return len(self.loo) >= MIN_REPEATS
 
 
 @dataclass
 class FloorModel:
     repeats: list[str]
-    """The floor runs' directories (empty: no floor measured, exact equality assumed)."""
+    """The distinct floor runs the floor is made of (empty: no floor measured, exact equality assumed)."""
     margin: float
     bitwise: bool
     """Every repeat was bit-identical to the reference in every observable."""
     families: dict[str, FamilyFloor]
     comparisons: list[Comparison]
-    """Each repeat against the reference (what the envelope is made of; drawn in the report)."""
+    """Each distinct repeat against the reference (what the envelope is made of; drawn in the report)."""
     state_steps: list[int]
     """Checkpoint steps the reference and every repeat kept: where state distances are judged."""
+    notes: list[str] = field(default_factory=list)
+    """Floor runs given but not counted as draws, and why (a copy, bit-identical observables)."""
+    cross_layout: bool = False
+    """Some repeat ran in another layout than the reference (allowed only when asked for)."""
+    layouts: list[str] = field(default_factory=list)
+    """The layouts of the reference and the repeats, reference first."""
+
+    @property
+    def k(self) -> int:
+        return len(self.repeats)
+
+    @property
+    def order(self) -> int:
+        """r: envelopes and tau use the r-th largest value (2 from ROBUST_FROM repeats on)."""
+        return 2 if self.k >= ROBUST_FROM else 1
+
+    @property
+    def insufficient(self) -> bool:
+        """A nonzero floor with fewer than MIN_REPEATS distinct repeats: no threshold can be calibrated."""
+        return not self.bitwise and self.k < MIN_REPEATS
+
+    @property
+    def guarantee(self) -> float | None:
+        """Upper bound on the chance that a failure-free run exceeds one family's threshold, for
+        exchangeable runs (None where the floor is bitwise or insufficient)."""
+        return None if self.bitwise or self.insufficient else self.order / (self.k + 1)
 
     @property
     def source(self) -> str:
-        return "measured" if self.repeats else "assumed-exact"
+        label = "measured" if self.repeats else "assumed-exact"
+        return f"{label}, cross-layout" if self.cross_layout else label
+
+    @property
+    def label(self) -> str:
+        """How the floor was obtained, in a phrase: what every report and CLI line says about it."""
+        layout = " (CROSS-LAYOUT: " + " / ".join(self.layouts) + ")" if self.cross_layout else ""
+        if not self.repeats:
+            return "no floor measured (exact equality assumed)" + layout
+        if self.bitwise:
+            return f"bitwise over {self.k} distinct repeat{'s' if self.k > 1 else ''}{layout}"
+        if self.insufficient:
+            return f"INSUFFICIENT: {self.k} distinct repeat, {MIN_REPEATS} needed at a nonzero floor{layout}"
+        robust = "the 2nd-largest" if self.order == 2 else "the largest"
+        return (
+            f"calibrated over {self.k} distinct repeats (threshold {self.margin:g} x {robust} leave-one-out "
+            f"statistic; a failure-free run exceeds it in one observable with probability <= "
+            f"{self.order}/{self.k + 1} = {100 * self.order / (self.k + 1):.0f} %){layout}"
+        )
 
     @property
     def max_dloss(self) -> float:
@@ -105,11 +159,11 @@ def f32_ulp(x: float) -> float:
 
 def observations(c: Comparison) -> dict[str, dict[int, float]]:
     """Family -> step -> the run's value of that observable against the reference."""
-    out: dict[str, dict[int, float]] = {
-        LOSS: {d.step: d.dloss for d in c.steps},
-        GRAD_NORM: {d.step: d.dgrad_norm for d in c.steps},
-        DIGEST: {s: 0.0 if equal else math.inf for s, equal in c.digests.items()},
-    }
+    out: dict[str, dict[int, float]] = {LOSS: {}, GRAD_NORM: {}}
+    for d in c.steps:
+        for name, value in d.deltas.items():
+            out.setdefault(name, {})[d.step] = value
+    out[DIGEST] = {s: 0.0 if equal else math.inf for s, equal in c.digests.items()}
     for sd in c.state:
         for kind, value in sd.totals.items():
             out.setdefault(kind, {})[sd.step] = value
@@ -122,14 +176,24 @@ one step is a single noisy draw (grad norm carries each step's fresh noise), and
 otherwise be judged against a maximum of K numbers."""
 
 
-def _envelope(floors: list[dict[int, float]], resolution: dict[int, float]) -> Envelope:
-    steps = sorted(set.intersection(*(set(f) for f in floors))) if floors else []
-    values, running, ahead = [], 0.0, 0
+def _running_max(values: dict[int, float], steps: list[int]) -> list[float]:
+    out, running, ahead = [], 0.0, 0
     for step in steps:
         while ahead < len(steps) and steps[ahead] <= step + LOOKAHEAD:
-            running = max(running, *(f[steps[ahead]] for f in floors))
+            running = max(running, values[steps[ahead]])
             ahead += 1
-        values.append(max(running, resolution.get(step, 0.0)))
+        out.append(running)
+    return out
+
+
+def _envelope(floors: list[dict[int, float]], resolution: dict[int, float], order: int) -> Envelope:
+    """The r-th largest (r = `order`) of the repeats' running maxima, at least the resolution."""
+    steps = sorted(set.intersection(*(set(f) for f in floors))) if floors else []
+    runs = [_running_max(f, steps) for f in floors]
+    values = []
+    for j, step in enumerate(steps):
+        ranked = sorted((r[j] for r in runs), reverse=True)
+        values.append(max(ranked[min(order, len(ranked)) - 1], resolution.get(step, 0.0)))
     return Envelope(steps, values)
 
 
@@ -148,41 +212,41 @@ def _resolutions(ref: RunLog) -> dict[str, dict[int, float]]:
 
 
 def validate_run(run: RunLog, role: str) -> None:
-    """A reference or floor run must be failure-free, finite, and of one config throughout."""
+    """A reference or floor run must be one failure-free, finite attempt of one config that ran to its
+    end and logged how it started and ended: missing logs are not evidence of a clean run."""
+    where = f"{role} {run.path}"
     if not run.final_steps:
-        raise RunLogError(f"{role} {run.path} logged no steps")
+        raise RunLogError(f"{where} logged no steps")
+    if not run.named("run_start") or not run.fingerprints():
+        raise RunLogError(f"{where} has no run_start with a config fingerprint (events.jsonl missing?)")
     faults = run.fault_specs()
     if faults:
-        raise RunLogError(
-            f"{role} {run.path} had injected faults ({'; '.join(faults)}): it must be failure-free"
-        )
+        raise RunLogError(f"{where} had injected faults ({'; '.join(faults)}): it must be failure-free")
     if run.named("checkpoint_restore"):
+        raise RunLogError(f"{where} resumed from a checkpoint: it must run uninterrupted from step 0")
+    attempts = sorted({int(m["attempt"]) for m in run.metrics})
+    if len(attempts) > 1 or len(run.metrics) != len(run.final_steps):
         raise RunLogError(
-            f"{role} {run.path} resumed from a checkpoint: it must run uninterrupted from step 0"
+            f"{where} logged steps more than once or in several attempts ({attempts}): it restarted"
         )
     bad = next(
         (s for s, m in run.final_steps.items() if not all(map(math.isfinite, (m["loss"], m["grad_norm"])))),
         None,
     )
     if bad is not None:
-        raise RunLogError(f"{role} {run.path} has a non-finite loss or grad norm at step {bad}")
+        raise RunLogError(f"{where} has a non-finite loss or grad norm at step {bad}")
     if len(run.fingerprints()) > 1:
+        raise RunLogError(f"{where} changed its config between attempts: {', '.join(run.fingerprints())}")
+    last = max(run.final_steps)
+    ends = [e for e in run.named("run_end") if e.get("step") == last and "param_digest" in e]
+    if not ends:
+        raise RunLogError(f"{where} logged no run_end with a parameter digest at its last step {last}")
+    planned = [e["max_steps"] for e in run.named("run_start") if isinstance(e.get("max_steps"), int)]
+    reason = ends[-1].get("reason", "completed")
+    if reason not in ("completed", "final") or (planned and last != planned[0]):
+        target = f" of {planned[0]}" if planned else ""
         raise RunLogError(
-            f"{role} {run.path} changed its config between attempts: {', '.join(run.fingerprints())}"
-        )
-
-
-def _validate_repeat(repeat: RunLog, ref: RunLog) -> None:
-    validate_run(repeat, "floor run")
-    if repeat.fingerprints() != ref.fingerprints():
-        raise RunLogError(
-            f"floor run {repeat.path} has config fingerprint {', '.join(repeat.fingerprints()) or 'none'}, the "
-            f"reference {', '.join(ref.fingerprints()) or 'none'}: a floor must be the same seed and config"
-        )
-    if list(repeat.final_steps) != list(ref.final_steps):
-        raise RunLogError(
-            f"floor run {repeat.path} has steps {_span(list(repeat.final_steps))}, the reference "
-            f"{_span(list(ref.final_steps))}: a floor must cover exactly the reference's steps"
+            f"{where} stopped at step {last}{target} ({reason}): a reference or floor must run to its end"
         )
 
 
@@ -190,33 +254,117 @@ def _span(steps: list[int]) -> str:
     return f"{steps[0]}..{steps[-1]} ({len(steps)})" if steps else "none"
 
 
+def _validate_repeat(repeat: RunLog, ref: RunLog, cross_layout: bool) -> None:
+    if repeat.path.resolve() == ref.path.resolve():
+        raise RunLogError(f"floor run {repeat.path} is the reference itself: a floor must be other runs")
+    validate_run(repeat, "floor run")
+    if repeat.fingerprints() != ref.fingerprints():
+        raise RunLogError(
+            f"floor run {repeat.path} has config fingerprint {', '.join(repeat.fingerprints())}, the "
+            f"reference {', '.join(ref.fingerprints())}: a floor must be the same seed and config"
+        )
+    if list(repeat.final_steps) != list(ref.final_steps):
+        raise RunLogError(
+            f"floor run {repeat.path} has steps {_span(list(repeat.final_steps))}, the reference "
+            f"{_span(list(ref.final_steps))}: a floor must cover exactly the reference's steps"
+        )
+    if not cross_layout and repeat.layouts() != ref.layouts():
+        raise RunLogError(
+            f"floor run {repeat.path} ran in layout {', '.join(repeat.layouts()) or 'unknown'}, the reference "
+            f"in {', '.join(ref.layouts()) or 'unknown'}: a floor of another layout measures other noise "
+            "(give --cross-layout-floor to use it anyway; the floor is then labelled cross-layout)"
+        )
+
+
+def _distinct(ref: RunLog, repeats: list[RunLog]) -> tuple[list[RunLog], list[str]]:
+    """Repeats that are separate runs: not a copy of the reference or of an earlier repeat."""
+    seen = {ref.identity: "the reference"}
+    kept, notes = [], []
+    for repeat in repeats:
+        twin = seen.get(repeat.identity) if repeat.identity else None
+        if twin is None:
+            for other in kept:
+                if other.path.resolve() == repeat.path.resolve():
+                    twin = str(other.path)
+        if twin is not None:
+            notes.append(f"{repeat.path} is a copy of {twin} (same run): not counted")
+            continue
+        seen[repeat.identity] = str(repeat.path)
+        kept.append(repeat)
+    return kept, notes
+
+
+def _signature(obs: dict[str, dict[int, float]]) -> tuple:
+    return tuple(sorted((name, tuple(sorted(values.items()))) for name, values in obs.items()))
+
+
+def _distinct_draws(repeats: list[RunLog], comparisons: list[Comparison]) -> tuple[list[int], list[str]]:
+    """At a nonzero floor: indices of the repeats that are distinct draws. One bit-identical to the
+    reference in every observable, or to an earlier repeat, is no independent draw of the noise."""
+    kept, notes, seen = [], [], {}
+    for i, (repeat, c) in enumerate(zip(repeats, comparisons, strict=True)):
+        if c.bitwise:
+            notes.append(f"{repeat.path} is bit-identical to the reference in every observable: not a draw")
+            continue
+        sig = _signature(observations(c))
+        if sig in seen:
+            notes.append(f"{repeat.path} is bit-identical to {repeats[seen[sig]].path}: counted once")
+            continue
+        seen[sig] = i
+        kept.append(i)
+    return kept, notes
+
+
 def measure_floor(
-    ref: RunLog, repeats: list[RunLog], margin: float = DEFAULT_MARGIN, read_state: bool = True
+    ref: RunLog,
+    repeats: list[RunLog],
+    margin: float = DEFAULT_MARGIN,
+    read_state: bool = True,
+    cross_layout: bool = False,
 ) -> FloorModel:
     """The floor from K >= 0 failure-free same-seed repeats of the reference (K = 0: exact equality)."""
     if not (margin >= 1.0 and math.isfinite(margin)):
         raise RunLogError(f"--margin must be a finite number >= 1, got {margin}")
     validate_run(ref, "reference")
     for repeat in repeats:
-        _validate_repeat(repeat, ref)
+        _validate_repeat(repeat, ref, cross_layout)
+    repeats, notes = _distinct(ref, repeats)
     steps = sorted(checkpoints(ref.path)) if read_state else []
     for repeat in repeats:
         steps = [s for s in steps if s in checkpoints(repeat.path)]
     comparisons = [compare(r, ref, distances(r.path, ref.path, steps) if steps else []) for r in repeats]
     bitwise = all(c.bitwise for c in comparisons)
+    if not bitwise:
+        kept, more = _distinct_draws(repeats, comparisons)
+        repeats, comparisons, notes = [repeats[i] for i in kept], [comparisons[i] for i in kept], notes + more
+    layouts = list(dict.fromkeys([*ref.layouts(), *(x for r in repeats for x in r.layouts())]))
     seen = [observations(c) for c in comparisons]
     resolution = {} if bitwise else _resolutions(ref)
+    order = 2 if len(seen) >= ROBUST_FROM else 1
     families = {}
     for family in sorted({name for obs in seen for name in obs} | {LOSS, GRAD_NORM, DIGEST}):
         per_repeat = [obs.get(family, {}) for obs in seen]
         res = resolution.get(family, {})
         loo = (
             [
-                _statistic(per_repeat[i], _envelope(per_repeat[:i] + per_repeat[i + 1 :], res))
+                _statistic(per_repeat[i], _envelope(per_repeat[:i] + per_repeat[i + 1 :], res, order))
                 for i in range(len(per_repeat))
             ]
-            if len(per_repeat) >= 2
+            if len(per_repeat) >= MIN_REPEATS
             else []
         )
-        families[family] = FamilyFloor(family, _envelope(per_repeat, res), margin * max([1.0, *loo]), loo)
-    return FloorModel([str(r.path) for r in repeats], margin, bitwise, families, comparisons, steps)
+        ranked = sorted(loo, reverse=True)
+        calibration = ranked[order - 1] if len(ranked) >= order else 1.0
+        tau = margin * max(1.0, calibration)
+        families[family] = FamilyFloor(family, _envelope(per_repeat, res, order), tau, loo)
+    return FloorModel(
+        [str(r.path) for r in repeats],
+        margin,
+        bitwise,
+        families,
+        comparisons,
+        steps,
+        notes,
+        cross_layout=len(layouts) > 1,
+        layouts=layouts,
+    )

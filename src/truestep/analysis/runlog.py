@@ -17,7 +17,7 @@ from truestep.core.errors import RefusedError
 from truestep.core.names import EVENTS_FILE, METRICS_FILE
 from truestep.telemetry.jsonl import read_jsonl
 
-METRIC_FIELDS = ("step", "loss", "grad_norm", "time", "step_time", "attempt", "tokens_seen")
+METRIC_FIELDS = ("step", "loss", "grad_norm", "lr", "time", "step_time", "attempt", "tokens_seen")
 """What every metrics line must hold for the measures to be computed."""
 
 
@@ -30,6 +30,12 @@ def _read(path: Path) -> list[dict[str, Any]]:
         return read_jsonl(path)
     except (OSError, UnicodeDecodeError, ValueError) as err:
         raise RunLogError(f"cannot read {path}: {err}") from err
+
+
+def _is_number(value: Any, integer: bool = False) -> bool:
+    if isinstance(value, bool):
+        return False
+    return isinstance(value, int) if integer else isinstance(value, int | float)
 
 
 @dataclass
@@ -48,10 +54,21 @@ class RunLog:
             absent = [k for k in METRIC_FIELDS if k not in line]
             if absent:
                 raise RunLogError(f"{path / METRICS_FILE}: record {number} lacks {', '.join(absent)}")
+            wrong = [k for k in METRIC_FIELDS if not _is_number(line[k], integer=k in ("step", "attempt"))]
+            if wrong:
+                raise RunLogError(f"{path / METRICS_FILE}: record {number}: {', '.join(wrong)} not a number")
         events = _read(path / EVENTS_FILE)
         for number, event in enumerate(events, 1):
             if "time" not in event or "event" not in event:
                 raise RunLogError(f"{path / EVENTS_FILE}: record {number} lacks time or event")
+            wrong = [
+                k
+                for k in ("step", "attempt")
+                if event.get(k) is not None and not _is_number(event[k], integer=True)
+            ]
+            if wrong or not _is_number(event["time"]):
+                where = f"{path / EVENTS_FILE}: record {number}"
+                raise RunLogError(f"{where}: {', '.join(wrong) or 'time'} not a number")
         return cls(path, metrics, sorted(events, key=lambda e: e["time"]))
 
     def named(self, name: str) -> list[dict[str, Any]]:
@@ -59,11 +76,16 @@ class RunLog:
 
     @cached_property
     def final_steps(self) -> dict[int, dict[str, Any]]:
-        """step -> the metrics line the run ended on (a step recomputed after a restart: its last line)."""
-        final: dict[int, dict[str, Any]] = {}
-        for line in self.metrics:
-            final[line["step"]] = line
-        return dict(sorted(final.items()))
+        """step -> the line the run is judged on: of a step logged more than once, the line of the latest
+        attempt (the one recomputed after a restart), and within one attempt the last one written (a step
+        recomputed after a NaN rollback). File order alone would let a stale line appended late win."""
+        final: dict[int, tuple[int, int, dict[str, Any]]] = {}
+        for index, line in enumerate(self.metrics):
+            key = (int(line["attempt"]), index)
+            held = final.get(line["step"])
+            if held is None or key > held[:2]:
+                final[line["step"]] = (*key, line)
+        return {step: held[2] for step, held in sorted(final.items())}
 
     @cached_property
     def superseded(self) -> list[dict[str, Any]]:
@@ -98,14 +120,60 @@ class RunLog:
     def attempt_metrics(self, attempt: int) -> list[dict[str, Any]]:
         return [m for m in self.metrics if m["attempt"] == attempt]
 
-    def digests(self) -> dict[int, str]:
-        """step -> parameter digest logged at that step: every checkpoint save, and the run's end (the
-        last one logged for a step wins: a step saved again after a restart)."""
-        found = {e["step"]: e["param_digest"] for e in self.named("checkpoint_save") if "param_digest" in e}
-        for end in self.named("run_end"):
-            if "param_digest" in end and "step" in end:
-                found[end["step"]] = end["param_digest"]
+    def digest_records(self) -> dict[int, list[tuple[int, str]]]:
+        """step -> every (attempt, parameter digest) logged for it (each checkpoint save and the run's
+        end), in the order written."""
+        found: dict[int, list[tuple[int, str]]] = {}
+        for e in self.events:
+            if e.get("event") in ("checkpoint_save", "run_end") and "param_digest" in e and "step" in e:
+                found.setdefault(int(e["step"]), []).append(
+                    (int(e.get("attempt") or 0), str(e["param_digest"]))
+                )
         return dict(sorted(found.items()))
+
+    def digests(self) -> dict[int, str]:
+        """step -> the parameter digest the run is judged on at that step: the latest attempt's (a step
+        saved again after a restart), as for metrics lines."""
+        return {
+            step: max(enumerate(records), key=lambda r: (r[1][0], r[0]))[1][1]
+            for step, records in self.digest_records().items()
+        }
+
+    def attempt_fingerprints(self) -> dict[int, str | None]:
+        """attempt -> the config fingerprint its run_start logged (None: it logged none). An attempt that
+        wrote metrics lines without any run_start is absent."""
+        found: dict[int, str | None] = {}
+        for e in self.named("run_start"):
+            fp = e.get("config_fingerprint")
+            found.setdefault(int(e.get("attempt") or 0), fp if isinstance(fp, str) else None)
+        return found
+
+    def trajectory_keys(self, attempt: int | None = None) -> dict[str, Any] | None:
+        """The trajectory keys an attempt's run_start logged (the first attempt's by default); None when
+        not logged (runs made before the keys were)."""
+        for e in self.named("run_start"):
+            keys = e.get("trajectory_keys")
+            if (attempt is None or int(e.get("attempt") or 0) == attempt) and isinstance(keys, dict):
+                return keys
+        return None
+
+    def layouts(self) -> list[str]:
+        """The distinct layouts (`run_start.layout`) of the run's attempts, in order of appearance."""
+        return list(dict.fromkeys(str(e["layout"]) for e in self.named("run_start") if "layout" in e))
+
+    @property
+    def identity(self) -> tuple[tuple[Any, Any], ...]:
+        """When each attempt's processes started, as logged: two directories with the same identity hold
+        one run (a copy), whatever their paths."""
+        return tuple((e.get("process_start"), e["time"]) for e in self.named("run_start"))
+
+    def skipped_steps(self, attempt: int) -> list[int]:
+        """Steps the NaN guard skipped (non-finite loss or gradients) in one attempt."""
+        return [
+            int(e["step"])
+            for e in self.named("nonfinite_step_skipped")
+            if int(e.get("attempt") or 0) == attempt and "step" in e
+        ]
 
     def fingerprints(self) -> list[str]:
         """The distinct config fingerprints of the run's attempts, in order of appearance."""

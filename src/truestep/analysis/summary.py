@@ -16,7 +16,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from truestep.analysis.fidelity import DEFAULT_MARGIN, Comparison, compare
+from truestep.analysis.fidelity import DEFAULT_MARGIN, Comparison, check_comparable, compare
 from truestep.analysis.floor import FloorModel, measure_floor
 from truestep.analysis.goodput import CheckpointOverhead, Goodput, checkpoint_overhead, goodput
 from truestep.analysis.mttr import Incident, incidents
@@ -81,17 +81,23 @@ def analyze_run(
     role: str = "run",
     read_state: bool = True,
     comparison: Comparison | None = None,
+    compare_anyway: bool = False,
 ) -> RunAnalysis:
     """One run against its reference and floor (without a reference: goodput and MTTR only).
-    `comparison`: the run's comparison with `ref` when already made (a floor repeat's)."""
+    `comparison`: the run's comparison with `ref` when already made (a floor repeat's). A run of another
+    experiment (its first attempt's config is not the reference's) is refused unless `compare_anyway`."""
     verdict = UNCHECKED
     if ref is not None:
+        if not compare_anyway:
+            check_comparable(run, ref)
         floor = floor or measure_floor(ref, [], read_state=read_state)
         if comparison is None:
             steps = floor.state_steps if read_state else []
-            comparison = compare(run, ref, distances(run.path, ref.path, steps) if steps else [])
+            comparison = compare(
+                run, ref, (distances(run.path, ref.path, steps) if steps else []) if read_state else None
+            )
         verdict = judge(comparison, floor)
-    unverifiable = set(comparison.unverifiable_steps) if comparison else set()
+    uncounted = set(comparison.unverifiable_steps) | set(comparison.foreign_steps) if comparison else set()
     return RunAnalysis(
         name=name,
         path=str(run.path),
@@ -100,7 +106,7 @@ def analyze_run(
         resumes=len({e.get("attempt") for e in run.named("checkpoint_restore")}),
         comparison=comparison,
         verdict=verdict,
-        goodput=goodput(run, verdict.first_violation_step, unverifiable),
+        goodput=goodput(run, verdict.first_uncounted_step, uncounted),
         incidents=incidents(run),
         checkpoint=checkpoint_overhead(run),
     )
@@ -121,8 +127,11 @@ def analyze_group(
     cells as (row, mode, run name) naming runs of `others`."""
     floor = measure_floor(ref, list(floors.values()), margin, read_state)
     runs = {ref_name: analyze_run(ref_name, ref, None, None, "reference")}
-    for (floor_name, log), made in zip(floors.items(), floor.comparisons, strict=True):
-        runs[floor_name] = analyze_run(floor_name, log, ref, floor, "floor", read_state, made)
+    made = dict(zip(floor.repeats, floor.comparisons, strict=True))
+    for floor_name, log in floors.items():
+        runs[floor_name] = analyze_run(
+            floor_name, log, ref, floor, "floor", read_state, made.get(str(log.path))
+        )
     for run_name, (role, log) in others.items():
         runs[run_name] = analyze_run(run_name, log, ref, floor, role, read_state)
     judged = [CellVerdict(row, mode, run, runs[run].verdict) for row, mode, run in cells]
@@ -146,7 +155,10 @@ def _plain(value: Any) -> Any:
     if isinstance(value, RunVerdict):
         out = {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
         out.update(
-            label=value.label, preserving=value.preserving, first_violation_step=value.first_violation_step
+            label=value.label,
+            preserving=value.preserving,
+            first_violation_step=value.first_violation_step,
+            exit_code=value.exit_code,
         )
         return out
     if isinstance(value, Comparison):
@@ -157,6 +169,7 @@ def _plain(value: Any) -> Any:
             "max_dgrad_norm",
             "fraction_bitwise_equal",
             "first_divergent_step",
+            "config_differs",
         ):
             out[derived] = _plain(getattr(value, derived))
         return out

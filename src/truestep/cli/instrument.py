@@ -1,7 +1,9 @@
 """`truestep experiment | fidelity | goodput | report | demo`: the measuring instrument's commands.
 
 Every verdict comes from analysis/verdict.py and every exit code from it: 0 when the run (or the
-experiment) is what the report calls correct, 1 when it is not; refused input exits 3 with one line.
+experiment) is what the report calls correct, 1 when it was shown not to be, 8 when the evidence is
+incomplete (or the floor insufficient); refused input exits 3 with one line (a run of another
+experiment too, unless --compare-anyway).
 """
 
 from __future__ import annotations
@@ -34,7 +36,22 @@ def _floor_args(p: argparse.ArgumentParser) -> None:
         help="a failure-free same-seed repeat of REF (repeatable; two or more calibrate the threshold)",
     )
     p.add_argument("--margin", type=float, default=DEFAULT_MARGIN, help="threshold = margin x leave-one-out")
-    p.add_argument("--skip-state", action="store_true", help="do not read checkpoints (state distances)")
+    p.add_argument(
+        "--skip-state",
+        action="store_true",
+        help="do not read checkpoints (state distances): the verdict is then incomplete",
+    )
+    p.add_argument(
+        "--cross-layout-floor",
+        action="store_true",
+        help="accept floor runs of another layout than the reference (the floor is labelled cross-layout)",
+    )
+    p.add_argument(
+        "--compare-anyway",
+        action="store_true",
+        help="compare a run whose config differs from the reference's (refused otherwise; the verdict is "
+        "then incomplete)",
+    )
     p.add_argument("--json", action="store_true")
 
 
@@ -45,8 +62,14 @@ def _judge_one(a: argparse.Namespace) -> int:
         raise UsageError("--floor needs --reference")
     run = RunLog.load(a.run)
     ref = RunLog.load(a.reference) if a.reference else None
-    floor = measure_floor(ref, [RunLog.load(f) for f in a.floor], a.margin, not a.skip_state) if ref else None
-    result = analyze_run(a.run, run, ref, floor, read_state=not a.skip_state)
+    floor = (
+        measure_floor(
+            ref, [RunLog.load(f) for f in a.floor], a.margin, not a.skip_state, a.cross_layout_floor
+        )
+        if ref
+        else None
+    )
+    result = analyze_run(a.run, run, ref, floor, read_state=not a.skip_state, compare_anyway=a.compare_anyway)
     print(to_json(result) if a.json else render_run_text(result))
     return result.verdict.exit_code
 
@@ -82,7 +105,11 @@ def report_main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="truestep report", description="report.md + report.html for DIR.")
     p.add_argument("dir", help="an experiment directory (with experiment.json)")
     p.add_argument("--margin", type=float, default=DEFAULT_MARGIN)
-    p.add_argument("--skip-state", action="store_true", help="do not read checkpoints (state distances)")
+    p.add_argument(
+        "--skip-state",
+        action="store_true",
+        help="do not read checkpoints (state distances): verdicts are then incomplete where runs kept any",
+    )
     a = p.parse_args(argv)
     summary = summarize(Path(a.dir), a.margin, not a.skip_state)
     _report(Path(a.dir), summary)

@@ -32,6 +32,9 @@ class ExitCode(enum.IntEnum):
     STORAGE = 6
     """The filesystem refused a write (no space, quota, read-only, permission): free space or fix it,
     then resubmit; a requeue into the same full disk would only fail again."""
+    INCOMPLETE = 8
+    """`fidelity`, `goodput`, `experiment`, `report`, `demo`: the verdict is incomplete (evidence it needs
+    is missing, or the floor has too few distinct repeats): neither correct nor shown wrong."""
     REQUEUE = 75
     """Preempted gracefully, emergency checkpoint committed: requeue me (EX_TEMPFAIL)."""
     FORCED = 76

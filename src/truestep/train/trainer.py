@@ -127,6 +127,7 @@ class Trainer:
             "run_start",
             name=self.cfg.run.name,
             config_fingerprint=fingerprint(self.trajectory_keys),
+            trajectory_keys=self.trajectory_keys,  # so the instrument can name what differs
             layout=self.ctx.layout(),
             device=str(self.ctx.device),
             num_threads=torch.get_num_threads(),

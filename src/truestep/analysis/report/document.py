@@ -13,6 +13,7 @@ from truestep.analysis.report.format import fmt_pct, fmt_rate, fmt_seconds, fmt_
 from truestep.analysis.report.opening import verdict_paragraph
 from truestep.analysis.report.sections import (
     ablation_blocks,
+    cannot_see_blocks,
     checkpoint_row,
     fidelity_blocks,
     floor_blocks,
@@ -23,10 +24,10 @@ from truestep.analysis.summary import ExperimentSummary, GroupSummary, RunAnalys
 
 FLOOR_TEXT = (
     "The floor is how far failure-free runs with the same seed (the repeats) land from the reference: the "
-    "noise the platform itself makes. Every observable (|Δloss| and |Δgrad norm| per step, parameter "
+    "noise the platform itself makes. Every observable (the change of every logged value per step, parameter "
     "digests, distances of parameters and optimizer moments at checkpoint steps) has its own envelope, the "
-    "largest value any repeat showed up to that step, and a threshold calibrated by leave-one-out over the "
-    "repeats (docs/measures.md)."
+    "second-largest (from 3 distinct repeats on; the largest below) of the repeats' running maxima up to "
+    "that step, and a threshold calibrated by leave-one-out over the distinct repeats (docs/measures.md)."
 )
 
 
@@ -114,6 +115,7 @@ def build_blocks(summary: ExperimentSummary, figures: Figures, out: Path) -> lis
     blocks += group_blocks(main, figures, full=True)
     for group in others:
         blocks += group_blocks(group, figures, full=False)
+    blocks += cannot_see_blocks(summary)
     blocks += [
         Heading(2, "Checkpoint overhead"),
         Para(

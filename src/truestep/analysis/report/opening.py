@@ -10,25 +10,28 @@ from truestep.analysis.verdict import Status
 
 
 def floor_sentence(floor: FloorModel) -> str:
-    k = len(floor.repeats)
+    k = floor.k
+    notes = (" " + " ".join(f"({n})" for n in floor.notes)) if floor.notes else ""
     if not k:
-        return "No floor was measured: exact equality with the reference is assumed."
-    repeats = plural(k, "same-seed repeat")
+        return "No floor was measured: exact equality with the reference is assumed." + notes
+    repeats = plural(k, "distinct same-seed repeat")
     if floor.bitwise:
         return (
-            f"The {repeats} {'was' if k == 1 else 'were'} bitwise identical to the reference (losses, grad "
-            "norms and parameters), so a run is correct only while it stays bitwise equal to the reference."
+            f"The {repeats} {'was' if k == 1 else 'were'} bitwise identical to the reference in every "
+            "observable compared, so a run is correct only while it stays bitwise equal to the reference."
+            + notes
+        )
+    if floor.insufficient:
+        return (
+            f"The floor is not zero and has only {repeats}: too few to calibrate a threshold, so no run of "
+            "this group is judged (insufficient floor)." + notes
         )
     loss = floor.families[LOSS]
-    calibration = (
-        f"calibrated by leave-one-out over the {k} repeats"
-        if loss.calibrated
-        else "uncalibrated with one repeat"
-    )
     return (
         f"The {repeats} differed from the reference by up to {fmt_dev(floor.max_dloss)} in loss and "
         f"{fmt_dev(floor.max_dgrad_norm)} in grad norm; a run counts as correct while every observable stays "
-        f"within its threshold × the repeats' per-step envelope (loss threshold {loss.tau:.3g}, {calibration})."
+        f"within its threshold × the repeats' per-step envelope (loss threshold {loss.tau:.3g}); the floor is "
+        f"{floor.label}." + notes
     )
 
 
@@ -40,18 +43,25 @@ def faulted_sentence(run: RunAnalysis) -> str:
     what += f" ({', '.join(kinds)})" if kinds else ""
     what += f" and {plural(run.resumes, 'resume')}"
     if v.status is Status.BITWISE:
-        text = f"**Recovery was correct:** {what}, `{run.name}` was bitwise equal to the reference on all {c.steps_compared} steps, parameters included"
-    elif v.status is Status.WITHIN_FLOOR:
+        assert v.evidence is not None
         text = (
-            f"**Recovery was correct within the floor:** {what}, `{run.name}` stayed within the floor on all "
-            f"{c.steps_compared} steps (first bitwise difference at step {fmt_step(c.first_divergent_step)})"
+            f"**Recovery was correct:** {what}, `{run.name}` was bitwise equal to the reference in everything "
+            f"compared ({v.evidence.text})"
+        )
+    elif v.status is Status.WITHIN_FLOOR:
+        assert v.evidence is not None
+        text = (
+            f"**Recovery was correct within the floor:** {what}, `{run.name}` stayed within the floor in "
+            f"everything compared ({v.evidence.text}; first bitwise difference at step "
+            f"{fmt_step(c.first_divergent_step)})"
+        )
+    elif v.status is not Status.VIOLATED:
+        text = (
+            f"**Recovery could not be verified:** {what}, `{run.name}` is {v.label} (first bitwise difference "
+            f"at step {fmt_step(c.first_divergent_step)})"
         )
     else:
         text = f"**Recovery was NOT correct:** {what}, `{run.name}` is {v.label} (first bitwise difference at step {fmt_step(c.first_divergent_step)})"
-    if c.unverifiable_steps:
-        text += (
-            f"; {plural(len(c.unverifiable_steps), 'step')} past the reference's end could not be verified"
-        )
     gp = run.goodput
     text += (
         f". It delivered {fmt_rate(gp.correct_tokens_per_s)} of correct goodput (plain "
@@ -102,8 +112,10 @@ def group_sentences(group: GroupSummary) -> list[str]:
 
 def verdict_paragraph(summary: ExperimentSummary) -> str:
     parts = [f"**{summary.verdict.head}.**"]
-    if summary.verdict.failures:
+    if summary.verdict.head == "FAIL":
         parts.append("Failing: " + "; ".join(summary.verdict.failures) + ".")
+    if summary.verdict.incomplete:
+        parts.append("Not verifiable (missing evidence): " + "; ".join(summary.verdict.incomplete) + ".")
     main, *others = summary.groups
     parts += group_sentences(main)
     for group in others:

@@ -39,13 +39,11 @@ def render_run_text(run: RunAnalysis, sections: Iterable[str] | None = None) -> 
 
     c, v = run.comparison, run.verdict
     if "fidelity" in want and c is not None:
-        missing = len(c.missing_steps)
-        row(
-            "fidelity",
-            f"{c.steps_compared}/{c.steps_compared + missing} steps compared, first divergent "
-            f"{fmt_step(c.first_divergent_step)}, first violation {fmt_step(v.first_violation_step)}, "
-            f"{fmt_pct(c.fraction_bitwise_equal)} bitwise, {len(c.unverifiable_steps)} unverifiable",
-        )
+        if v.evidence is not None:
+            row("evidence", v.evidence.text + f"; first divergent {fmt_step(c.first_divergent_step)}")
+        for gap in v.gaps:
+            row("MISSING", gap.text)
+        row("floor", v.floor)
         if v.violation is not None:
             x = v.violation
             row(
@@ -54,8 +52,8 @@ def render_run_text(run: RunAnalysis, sections: Iterable[str] | None = None) -> 
         row(
             "",
             f"max |Δloss| {fmt_dev(c.max_dloss)}, mean |Δloss| {fmt_dev(c.mean_dloss)}, "
-            f"max |Δgrad norm| {fmt_dev(c.max_dgrad_norm)}; digests {digest_text(run)}"
-            + ("; CONFIG DIFFERS from the reference's" if c.config_differs else ""),
+            f"max |Δgrad norm| {fmt_dev(c.max_dgrad_norm)}, {fmt_pct(c.fraction_bitwise_equal)} of steps "
+            f"bitwise; digests {digest_text(run)}",
         )
         for d in c.state:
             totals = ", ".join(f"{k} {fmt_dev(x)}" for k, x in d.totals.items())

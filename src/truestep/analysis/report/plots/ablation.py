@@ -38,7 +38,7 @@ def plot_ablation(group: GroupSummary, path: Path | str) -> Path:
     )
     right = max(plain + correct + [1e-9])
     for y, c in zip(ys, cells, strict=True):
-        text, color = (f"FLAGGED: {c.verdict.label}", "#c62828") if c.flagged else ("ok", "#2e7d32")
+        text, color = (f"FLAGGED: {c.verdict.short}", "#c62828") if c.flagged else ("ok", "#2e7d32")
         ax.annotate(
             text,
             (right, y),

@@ -55,7 +55,7 @@ def plot_envelope(floor: FloorModel, runs: list[JudgedRun], path: Path | str, ti
             shown([d.dloss for d in c.steps], eps, top),
             color=color,
             lw=1.1,
-            label=f"{name}: {verdict.label}",
+            label=f"{name}: {verdict.short}",
         )
         v = verdict.violation
         if v is not None and v.observable == LOSS:
