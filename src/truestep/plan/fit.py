@@ -116,6 +116,12 @@ def _step_overhead(good: Goodput) -> list[float]:
     return out
 
 
+def _training(run: RunLog, incident: Incident) -> bool:
+    """Whether the incident's attempt had started its first step when the fault came."""
+    lines = run.attempt_metrics(incident.attempt) if incident.attempt is not None else []
+    return bool(lines) and lines[0]["time"] - lines[0]["step_time"] <= incident.fault_time
+
+
 def _phase(incidents: list[Incident], kinds: tuple[str, ...], *phases: str) -> list[float | None]:
     out: list[float | None] = []
     for i in incidents:
@@ -142,7 +148,7 @@ def measure(path: Path) -> Measured:
     m.put("costs.save_write_s", (e.get("write_s") for _, e in events if e["event"] == "checkpoint_written"))
     m.put("costs.save_commit_s", (e.get("commit_s") for _, e in events if e["event"] == "checkpoint_commit"))
     m.put("costs.restore_s", (e.get("restore_s") for _, e in events if e["event"] == "checkpoint_restore"))
-    cold, warm, restart, requeue = [], [], [], []
+    cold, in_place, requeue = [], [], []
     for a, r in runs:
         kinds, startup, wait = (
             _attempt_kinds(r, a.goodput),
@@ -150,24 +156,32 @@ def measure(path: Path) -> Measured:
             _spans(a.goodput, "requeue_wait"),
         )
         for attempt, kind in kinds.items():
-            (warm if kind == "in_place" else cold).append(startup.get(attempt))
-            # A wait spans from the previous attempt the report sees: only when that is attempt - 1
-            # (an attempt killed before its run_start is invisible, and its life would count as wait).
-            if kind != "first" and attempt - 1 in kinds:
-                (restart if kind == "in_place" else requeue).append(wait.get(attempt))
+            if kind == "in_place":  # wait + start-up together: a standby still importing shows as wait
+                in_place.append(wait.get(attempt, 0.0) + startup.get(attempt, 0.0))
+            else:
+                cold.append(startup.get(attempt))
+                if kind == "relaunch":
+                    requeue.append(wait.get(attempt))
     m.put("costs.startup_cold_s", cold)
     m.put("costs.requeue_delay_s", requeue)
-    m.put("costs.restart_delay_s", restart)
     incidents = [i for a, _ in runs for i in a.incidents]
     m.put("costs.detect_crash_s", _phase(incidents, CRASH_FAULTS, "detect"))
     m.put("costs.detect_hang_s", _phase(incidents, ("hang",), "detect"))
     m.put("costs.teardown_s", _phase(incidents, (*CRASH_FAULTS, "hang"), "teardown"))
-    m.put("costs.graceful_stop_s", _phase(incidents, ("term",), "detect", "teardown"))
+    # A signal during start-up is acted on once the ranks are up: only a stop from training is a sample.
+    training = [i for a, r in runs for i in a.incidents if i.kind == "term" and _training(r, i)]
+    m.put("costs.graceful_stop_s", _phase(training, ("term",), "detect", "teardown"))
+    # A restart in place: the supervisor's relaunch (teardown done -> the attempt starts), then the rest
+    # of what it took until the first step, restore excluded, as start-up.
+    m.put("costs.restart_delay_s", _phase(incidents, (*CRASH_FAULTS, "hang"), "relaunch"))
+    if in_place:
+        m.put(
+            "costs.startup_warm_s",
+            [max(0.0, t - m.values.get("costs.restart_delay_s", 0.0)) for t in in_place],
+        )
     config = load_config(str(Path(analyses[0].path) / CONFIG_FILE))
-    if config.resilience.warm_standby:
-        m.put("costs.startup_warm_s", warm)
-    else:
-        m.notes.append("the runs had no warm standby: a restart in place is as cold as a fresh launch")
+    if not config.resilience.warm_standby:
+        m.notes.append("the runs had no warm standby: startup_warm_s is a cold restart in place")
     if "costs.detect_hang_s" not in m.values:
         m.values["costs.detect_hang_s"] = config.resilience.hang_timeout_s
         m.samples["costs.detect_hang_s"] = 0

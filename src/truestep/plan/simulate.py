@@ -172,8 +172,10 @@ def simulate(
         with np.errstate(divide="ignore"):
             fail_at = np.where(p.failure_rate[i] > 0, e_fail[k] / p.failure_rate[i], np.inf)
             notice_at = np.where(p.preempt_rate[i] > 0, e_pre[k] / p.preempt_rate[i], np.inf)
-        graceful_ok = p.notice_s[i] >= p.graceful_stop_s[i]
-        kill_at = np.where(graceful_ok, notice_at, notice_at + p.notice_s[i])  # a short notice is a kill
+        # Ranks stop at a step boundary: a notice during start-up or restore is acted on once they are up.
+        stop_at = np.maximum(notice_at, up)
+        graceful_ok = p.notice_s[i] >= np.maximum(up - notice_at, 0.0) + p.graceful_stop_s[i]
+        kill_at = np.where(graceful_ok, stop_at, notice_at + p.notice_s[i])  # a short notice is a kill
         first = np.minimum(fail_at, kill_at)
         done = end <= first
         graceful = ~done & (kill_at < fail_at) & graceful_ok

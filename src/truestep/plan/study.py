@@ -87,7 +87,8 @@ class Headline:
     failures: Stat
     preemptions: Stat
     mttr_s: Stat
-    """Mean recovery per interruption: detection + teardown + relaunch + start-up + restore."""
+    """Recovery per interruption (detection + teardown + relaunch + start-up + restore): the mean over all
+    interruptions, the percentiles over replicas that had one."""
 
 
 @dataclass
@@ -156,7 +157,11 @@ def _run(settings: list[PlanInputs], intervals: list[float], replicas: int, seed
 
 def headline(inputs: PlanInputs, interval_s: float) -> Headline:
     r = _run([inputs], [interval_s], inputs.job.replicas, inputs.job.seed)[0]
-    interruptions = np.maximum(r.failures + r.preemptions, 1)
+    interruptions = r.failures + r.preemptions
+    hit = interruptions > 0
+    mttr = stat(r.recovery_s[hit] / interruptions[hit]) if hit.sum() > 1 else Stat(0.0, 0.0, 0.0, 0.0)
+    if hit.any():  # the mean over interruptions, not over replicas (a replica with more counts more)
+        mttr.mean = float(r.recovery_s.sum() / interruptions.sum())
     return Headline(
         interval_s,
         stat(r.plain_goodput),
@@ -166,7 +171,7 @@ def headline(inputs: PlanInputs, interval_s: float) -> Headline:
         {k: stat(r.badput_s[k]) for k in SIM_BUCKETS},
         stat(r.failures),
         stat(r.preemptions),
-        stat(r.recovery_s / interruptions),
+        mttr,
     )
 
 
