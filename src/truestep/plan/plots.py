@@ -73,28 +73,30 @@ def plot_interval(result: PlanResult, step_s: float, path: Path) -> Path:
 
 
 def plot_breakdown(result: PlanResult, path: Path) -> Path:
+    """Every badput bucket as a share of the wall clock, with its 5-95 % range over replicas."""
     h = result.headline
     wall = h.wall_s.mean
-    parts = [("useful", wall * h.correct.mean)]
-    parts += [(k, h.badput_s[k].mean) for k in BADPUT_ORDER if h.badput_s[k].mean > 0]
-    fig = Figure(figsize=(9, 2.3), layout="constrained")
+    kinds = [k for k in BADPUT_ORDER if k != "unverifiable"]
+    fig = Figure(figsize=(9, 0.9 + 0.36 * len(kinds)), layout="constrained")
     ax = fig.add_subplot()
-    left = 0.0
-    for kind, seconds in parts:
-        share = 100 * seconds / wall
-        ax.barh(
-            0,
-            share,
-            left=left,
-            color=COLORS.get(kind, "#e0e0e0"),
-            label=f"{LABELS.get(kind, kind)} {share:.2f} %",
-        )
-        left += share
-    ax.set_xlim(0, 100)
-    ax.set_yticks([])
-    ax.set_xlabel("% of the expected wall-clock")
-    ax.legend(fontsize=7, ncols=3, loc="upper center", bbox_to_anchor=(0.5, -0.45), frameon=False)
-    ax.set_title("Where the wall-clock goes (mean over replicas)")
+    ys = list(range(len(kinds)))[::-1]
+    shares = [100 * h.badput_s[k].mean / wall for k in kinds]
+    low = [100 * h.badput_s[k].p5 / wall for k in kinds]
+    high = [100 * h.badput_s[k].p95 / wall for k in kinds]
+    errors = [[max(0.0, s - lo) for s, lo in zip(shares, low, strict=True)]]
+    errors.append([max(0.0, hi - s) for s, hi in zip(shares, high, strict=True)])
+    ax.barh(
+        ys, shares, xerr=errors, color=[COLORS.get(k, "#bdbdbd") for k in kinds], ecolor="#616161", capsize=2
+    )
+    ax.set_yticks(ys, [LABELS.get(k, k) for k in kinds], fontsize=8)
+    for y, share, hi in zip(ys, shares, high, strict=True):
+        at = (max(share, hi), y)
+        ax.annotate(f"{share:.3g} %", at, xytext=(5, 0), textcoords="offset points", va="center", fontsize=7)
+    ax.set_xlabel("% of the wall-clock (mean; bars: 5-95 % of replicas)")
+    ax.set_title(
+        f"Badput: correct goodput {100 * h.correct.mean:.2f} %, plain {100 * h.plain.mean:.2f} % of the wall-clock"
+    )
+    ax.grid(alpha=0.3, axis="x")
     return save_figure(fig, path)
 
 
