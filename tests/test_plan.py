@@ -163,6 +163,26 @@ def test_performance_switches_cost_time_not_correctness() -> None:
     assert run(i).badput_s["requeue_wait"].mean() > base.badput_s["requeue_wait"].mean()
 
 
+def test_a_checkpoint_protects_work_only_once_committed() -> None:
+    quick, _ = rich()
+    slow, _ = rich()
+    quick.costs.save_write_s, quick.costs.save_commit_s = 2.0, 0.0
+    slow.costs.save_write_s, slow.costs.save_commit_s = 300.0, 200.0  # same stall, durable 500 s later
+    a, b = run(quick, interval=600.0), run(slow, interval=600.0)
+    # a failure in the 500 s before the commit loses the interval before it too: ~ +500 s x 500/600
+    assert b.badput_s["lost_work"].mean() > 1.5 * a.badput_s["lost_work"].mean()
+
+
+def test_a_lost_node_means_a_cold_start_with_or_without_a_standby() -> None:
+    walls = []
+    for standby in (True, False):
+        i, _ = rich()
+        i.failures.node_loss_fraction, i.failures.preemptions_per_day = 1.0, 0.0
+        i.mechanisms.warm_standby = standby
+        walls.append(run(i).wall_s)
+    np.testing.assert_array_equal(walls[0], walls[1])
+
+
 def test_a_job_without_failures_is_start_up_steps_saves_and_nothing_else() -> None:
     p = make_params(
         2, [1, 0, 0, 0], work_s=100.0, interval_s=30.0, step_s=0.0, overhead_fraction=0.0, blocking_s=1.0,
@@ -250,8 +270,8 @@ def test_scaling_model_reproduces_the_measurement_and_grows_with_bytes() -> None
 
 def hand_made_run(path: Path) -> None:
     """Attempt 0 (process start 0) trains steps 1-6 (1 s each) with a save at step 5, is killed at 7.5,
-    detected at 8.0, torn down by 8.5; attempt 1 (a restart in place, process start 9.0) restores in
-    0.5 s by 10.0, trains steps 6-10 ending 11.5..15.5."""
+    detected at 8.0, torn down by 8.7; the supervisor relaunches at 8.8; attempt 1 (a restart in place,
+    process start 9.0) restores in 0.5 s by 10.0, trains steps 6-10 ending 11.5..15.5."""
     sup = {"source": "supervisor"}
     layout = {"layout": {"world_size": 2, "dp": 2, "tp": 1, "backend": "gloo"}}
     metrics = [line(s, 0, 1.0 + s) for s in range(1, 7)] + [line(s, 1, 11.5 + s - 6) for s in range(6, 11)]
@@ -286,8 +306,8 @@ def hand_made_run(path: Path) -> None:
             "kind": "process_exit",
             **sup,
         },
-        {"time": 8.5, "event": "teardown_complete", "attempt": 0, "teardown_s": 0.5, **sup},
-        {"time": 8.6, "event": "attempt_start", "attempt": 1, **sup},
+        {"time": 8.7, "event": "teardown_complete", "attempt": 0, "teardown_s": 0.7, **sup},
+        {"time": 8.8, "event": "attempt_start", "attempt": 1, **sup},
         start(1, 9.5, 9.0) | layout,
         {"time": 10.0, "event": "checkpoint_restore", "attempt": 1, "step": 5, "restore_s": 0.5},
         {"time": 15.6, "event": "run_end", "attempt": 1, "step": 10},
@@ -307,11 +327,11 @@ def test_costs_are_fitted_from_the_analysis_of_a_run(tmp_path: Path) -> None:
         "costs.save_commit_s": 0.1,
         "costs.restore_s": 0.5,
         "costs.detect_crash_s": 0.5,  # fault 7.5 -> detected 8.0
-        "costs.teardown_s": 0.5,
+        "costs.teardown_s": 0.7,  # detected 8.0 -> torn down 8.7
         "costs.startup_cold_s": 1.0,  # process start 0 -> first step's start 1.0
-        "costs.restart_delay_s": 0.1,  # teardown done 8.5 -> the supervisor relaunches at 8.6
-        # the rest until the first step, restore excluded: 8.6 -> 9.0 (process start) -> 10.5, less 0.5
-        "costs.startup_warm_s": 1.4,
+        "costs.restart_delay_s": 0.1,  # teardown done 8.7 -> the supervisor relaunches at 8.8
+        # the rest until the first step, restore excluded: 8.8 -> 9.0 (process start) -> 10.5, less 0.5
+        "costs.startup_warm_s": 1.2,
     }
     for key, value in want.items():
         assert m.values[key] == pytest.approx(value), key
