@@ -247,6 +247,10 @@ def report(name: str, rows: list[Measured], h: Headline) -> str:
     for key, want in predicted.items():
         got = sum(r.seconds.get(key, 0.0) for r in rows) / len(rows)
         print(f"    {key:18s} {got:16.2f}  {want:16.2f}")
+    faults = sum(r.faults for r in rows) / len(rows)
+    print(
+        f"    interruptions per run: measured {faults:.1f}, predicted {h.failures.mean + h.preemptions.mean:.1f}"
+    )
     mp = sum(r.plain for r in rows) / len(rows)
     mc = sum(r.correct for r in rows) / len(rows)
     inside = sum(h.correct.p5 <= r.correct <= h.correct.p95 for r in rows)

@@ -291,27 +291,43 @@ def gpu_sweep(a: Assembled, replicas: int) -> dict[str, list[float]]:
     return curves
 
 
+class _Timer:
+    """Says what is being simulated and records how long it took."""
+
+    def __init__(self, progress: Callable[[str], None] | None) -> None:
+        self.progress = progress
+        self.timings: dict[str, float] = {}
+        self._name, self._started = "", 0.0
+
+    def __call__(self, name: str) -> _Timer:
+        self._name = name
+        return self
+
+    def __enter__(self) -> None:
+        if self.progress:
+            self.progress(self._name)
+        self._started = time.perf_counter()
+
+    def __exit__(self, *exc: object) -> None:
+        self.timings[self._name] = time.perf_counter() - self._started
+
+
 def make_plan(
     a: Assembled, sweep_replicas: int = 200, progress: Callable[[str], None] | None = None
 ) -> PlanResult:
     """Everything the report shows. `sweep_replicas`: replicas per setting of the sweeps and tables."""
-    say = progress or (lambda _: None)
-    inputs, timings = a.inputs, {}
+    inputs, timer = a.inputs, _Timer(progress)
     small = min(sweep_replicas, inputs.job.replicas)
-
-    def timed(name: str, fn: Callable[[], object]) -> object:
-        say(name)
-        started = time.perf_counter()
-        out = fn()
-        timings[name] = time.perf_counter() - started
-        return out
-
-    sweep = timed("checkpoint interval sweep", lambda: interval_sweep(inputs, small))
-    assert isinstance(sweep, IntervalSweep)
+    with timer("checkpoint interval sweep"):
+        sweep = interval_sweep(inputs, small)
     planned = planned_interval(inputs)
     chosen = round_interval(inputs, planned) if planned > 0 else sweep.optimum_s
-    head = timed("headline", lambda: headline(inputs, chosen))
-    mech = timed("mechanisms", lambda: mechanisms(inputs, small))
-    base, rows = timed("sensitivity", lambda: sensitivity(inputs, chosen, small))  # type: ignore[misc]
-    curves = timed("goodput vs GPU count", lambda: gpu_sweep(a, max(50, small // 2)))
-    return PlanResult(head, sweep, mech, rows, base, list(SWEEP_GPUS), curves, timings)  # type: ignore[arg-type]
+    with timer("headline"):
+        head = headline(inputs, chosen)
+    with timer("mechanisms"):
+        mech = mechanisms(inputs, small)
+    with timer("sensitivity"):
+        base, rows = sensitivity(inputs, chosen, small)
+    with timer("goodput vs GPU count"):
+        curves = gpu_sweep(a, max(50, small // 2))
+    return PlanResult(head, sweep, mech, rows, base, list(SWEEP_GPUS), curves, timer.timings)
