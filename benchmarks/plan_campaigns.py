@@ -282,9 +282,8 @@ def main() -> int:
     names = ["A", "D"] if a.quick else a.campaigns.split(",")
     runs, steps = (1, 150) if a.quick else (a.runs, a.max_steps)
     root = Path(a.out) if a.out else Path(tempfile.mkdtemp(prefix="plan-campaigns-"))
-    print(
-        f"plan campaigns: {', '.join(names)}; {runs} faulted runs each, {steps} steps; {load()}; into {root}"
-    )
+    what = "analysing what is there" if a.analyse_only else f"{runs} faulted runs each, {steps} steps"
+    print(f"plan campaigns: {', '.join(names)}; {what}; {load()}; into {root}")
     started, table = time.time(), []
     for name in names:
         c = CAMPAIGNS[name]

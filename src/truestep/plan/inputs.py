@@ -230,7 +230,7 @@ def corrupts(text: str, key: str) -> frozenset[str]:
 
 def validate(inputs: PlanInputs, prov: Provenance) -> None:
     """Refuse what the simulation cannot mean (ConfigError: one line, exit 2)."""
-    job, fail, costs = inputs.job, inputs.failures, inputs.costs
+    job, fail = inputs.job, inputs.failures
     if job.gpus < 1 or job.gpus_per_node < 1:
         raise ConfigError("job.gpus and job.gpus_per_node must be >= 1")
     if job.replicas < 2:
@@ -266,8 +266,6 @@ def validate(inputs: PlanInputs, prov: Provenance) -> None:
     ]
     if negative:
         raise ConfigError(f"must not be negative: {', '.join(negative)}")
-    if costs.save_write_s + costs.save_commit_s < costs.save_blocking_s:
-        raise ConfigError("costs.save_blocking_s cannot exceed the whole save (save_write_s + save_commit_s)")
     m = inputs.mechanisms
     for key in ("optimizer_corrupts", "rng_corrupts", "data_position_corrupts", "atomic_commit_corrupts"):
         corrupts(getattr(m, key), f"mechanisms.{key}")

@@ -59,9 +59,11 @@ def work_s(inputs: PlanInputs) -> float:
 
 
 def blocking_s(inputs: PlanInputs) -> float:
-    """What one checkpoint stalls training: the staging with async save, the whole save without."""
+    """What one checkpoint stalls training: the staging with async save, the whole save without (a
+    measured sync save's blocking also holds what precedes the write, e.g. the parameter digest)."""
     c = inputs.costs
-    return c.save_blocking_s if inputs.mechanisms.async_save else c.save_write_s + c.save_commit_s
+    whole = c.save_write_s + c.save_commit_s
+    return c.save_blocking_s if inputs.mechanisms.async_save else max(c.save_blocking_s, whole)
 
 
 def interrupt_rate(inputs: PlanInputs) -> float:
