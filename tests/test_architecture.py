@@ -21,6 +21,7 @@ TIERS = [
     {"train", "interop"},
     {"analysis"},
     {"experiment"},
+    {"plan"},
     {"cli"},
 ]
 TIER = {room: i for i, rooms in enumerate(TIERS) for room in rooms}

@@ -42,8 +42,11 @@ def _jobs(out: Path) -> tuple[list[dict[str, Any]], dict[str, str]]:
     return jobs, dict(plan.get(GROUP_NOTES) or {})
 
 
-def summarize(out: Path, margin: float = DEFAULT_MARGIN, read_state: bool = True) -> ExperimentSummary:
-    """Analyse every group of an experiment directory; writes OUT/summary.json."""
+def summarize(
+    out: Path, margin: float = DEFAULT_MARGIN, read_state: bool = True, write: bool = True
+) -> ExperimentSummary:
+    """Analyse every group of an experiment directory; writes OUT/summary.json unless `write` is false
+    (a reader such as `truestep plan --from` leaves the directory as it found it)."""
     jobs, notes = _jobs(out)
     groups = []
     for group in dict.fromkeys(job.get("group", "") for job in jobs):
@@ -67,5 +70,6 @@ def summarize(out: Path, margin: float = DEFAULT_MARGIN, read_state: bool = True
             )
         )
     summary = summarize_groups(groups, margin)
-    atomic_write(out / "summary.json", to_json(summary).encode())
+    if write:
+        atomic_write(out / "summary.json", to_json(summary).encode())
     return summary
