@@ -10,7 +10,6 @@ it is reported in stream order like a bad line a worker finds.
 
 from __future__ import annotations
 
-import gzip
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -24,8 +23,8 @@ CHUNK_BYTES = 1 << 20
 """Text per chunk: large enough that handing it to a worker costs little, small enough to keep many in
 flight in bounded memory."""
 ARROW_BATCH_ROWS = 8192
-ZSTD_READ = 1 << 16
-"""Compressed bytes fed to zstd at a time (bounds what one feed can expand to)."""
+COMPRESSED_READ = 1 << 16
+"""Compressed bytes decompressed at a time (bounds what one feed can expand to)."""
 LINES, DOCS, ARROW, PROBLEM = "lines", "docs", "arrow", "problem"
 TEXT_TYPES = ("string", "large_string", "string_view", "binary", "large_binary", "binary_view")
 
@@ -87,37 +86,48 @@ def _text(item: InputFile, cursor: Cursor, base: int) -> Chunk:
     return Chunk(cursor, str(item.path), DOCS, [data], 0, base + item.size)
 
 
-class _ZstdStream:
-    """read(n) over a zstd file (frames back to back); EOFError when the last frame is incomplete."""
+class _Decompressed:
+    """read(n) over a compressed file of members/frames back to back (gzip via zlib, or zstd). The bytes
+    decompressed before a truncation are returned first; the next read raises EOFError."""
 
-    def __init__(self, raw: IO[bytes]) -> None:
-        try:
-            import zstandard
-        except ImportError as e:
-            raise InputError(
-                "reading .zst needs the `zstandard` package: pip install 'truestep[corpora]'"
-            ) from e
-        self._new = zstandard.ZstdDecompressor().decompressobj
-        self._error = zstandard.ZstdError
-        self.raw, self.dobj, self.buf, self.ended = raw, self._new(), bytearray(), False
+    def __init__(self, raw: IO[bytes], kind: str) -> None:
+        if kind == JSONL_GZ:
+            self._new: Any = lambda: zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
+            self._errors: tuple[type[Exception], ...] = (zlib.error,)
+        else:
+            try:
+                import zstandard
+            except ImportError as e:
+                raise InputError(
+                    "reading .zst needs the `zstandard` package: pip install 'truestep[corpora]'"
+                ) from e
+            self._new = zstandard.ZstdDecompressor().decompressobj
+            self._errors = (zstandard.ZstdError,)
+        self.kind = kind
+        self.raw, self.dobj, self.buf = raw, self._new(), bytearray()
+        self.ended, self.problem = False, ""
 
     def read(self, n: int) -> bytes:
+        if self.problem and not self.buf:
+            raise EOFError(self.problem)
         while len(self.buf) < n and not self.ended:
-            compressed = self.raw.read(ZSTD_READ)
+            compressed = self.raw.read(COMPRESSED_READ)
             if not compressed:
                 self.ended = True
                 if not self.dobj.eof:
-                    raise EOFError("the zstd stream ends inside a frame")
+                    self.problem = f"the {self.kind.rsplit('.', 1)[1]} stream ends inside a member"
                 break
             try:
                 self.buf += self.dobj.decompress(compressed)
                 while self.dobj.eof and self.dobj.unused_data:
                     rest, self.dobj = self.dobj.unused_data, self._new()
                     self.buf += self.dobj.decompress(rest)
-            except self._error as e:
-                raise EOFError(f"corrupt zstd data: {e}") from e
+            except self._errors as e:
+                self.ended, self.problem = True, f"corrupt data: {e}"
         out = bytes(self.buf[:n])
         del self.buf[:n]
+        if not out and self.problem:
+            raise EOFError(self.problem)
         return out
 
 
@@ -127,11 +137,7 @@ def _jsonl(item: InputFile, cursor: Cursor, base: int) -> Iterator[Chunk]:
         yield _problem(item, cursor, base, "empty_compressed", f"{where}: empty compressed file (0 bytes)")
         return
     with open(item.path, "rb") as raw:
-        stream: Any = raw
-        if item.kind == JSONL_GZ:
-            stream = gzip.GzipFile(fileobj=raw, mode="rb")
-        elif item.kind == JSONL_ZST:
-            stream = _ZstdStream(raw)
+        stream: Any = raw if item.kind == JSONL else _Decompressed(raw, item.kind)
         pos, line, carry = cursor.offset, cursor.line, b""
         try:
             if item.kind == JSONL:
@@ -150,7 +156,7 @@ def _jsonl(item: InputFile, cursor: Cursor, base: int) -> Iterator[Chunk]:
                 yield Chunk(Cursor(cursor.input, pos, line), where, LINES, lines, line, base + raw.tell())
                 pos += cut
                 line += lines.count(b"\n")
-        except (EOFError, OSError, zlib.error) as e:
+        except EOFError as e:
             yield _problem(
                 item,
                 Cursor(cursor.input, pos, line),
