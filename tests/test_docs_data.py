@@ -66,3 +66,16 @@ def test_walkthrough_runs_as_written(tmp_path: Path) -> None:
     assert last["step"] == 12
     assert set(last["tokens_per_source"]) == {"data/web", "data/code"}
     assert last["tokens_per_source"]["data/web"] > last["tokens_per_source"]["data/code"]
+
+    # Export finds a mixture's tokenizer through its first source (not the demo corpus an empty data.path
+    # would mean).
+    from truestep.interop.tokenizer_export import checkpoint_tokenizer
+
+    ckpt = sorted((tmp_path / "runs" / "mix" / "checkpoints").glob("step_*"))[-1]
+    cwd = Path.cwd()
+    os.chdir(tmp_path)
+    try:
+        found = checkpoint_tokenizer(ckpt)
+    finally:
+        os.chdir(cwd)
+    assert found.kind == "byte" and "data directory data/web" in found.source, found

@@ -28,6 +28,7 @@ from truestep.data.dataset import TokenDataset
 from truestep.data.errors import DataError
 from truestep.data.loader import MicroBatch, check_batch_split, split_micro_batches
 from truestep.data.sampler import GlobalSampler
+from truestep.data.tokenizer_files import TOKENIZER_JSON
 
 WEIGHT_DENOMINATOR = 1000
 """Weights are taken as fractions with denominators up to this: exact for three decimals."""
@@ -89,7 +90,7 @@ class Source:
 
 def _tokenizer_id(dataset: TokenDataset) -> tuple[Any, ...]:
     meta = dataset.meta
-    copy = dataset.data_dir / "tokenizer.json"
+    copy = dataset.data_dir / TOKENIZER_JSON
     digest = hashlib.sha256(copy.read_bytes()).hexdigest() if meta.get("tokenizer") != "byte" else "byte"
     return (meta["vocab_size"], meta["eos_id"], meta.get("bos_id"), digest)
 
