@@ -6,7 +6,7 @@
    cannot flatter prepare-data, which pays for reading, parsing, IPC and writing. Target >= 0.8x.
 2. Memory: peak RSS of the whole prepare-data process tree (main + workers, summed, sampled every 20 ms)
    on the first quarter of the corpus vs all of it. Target: within 10 %.
-3. Training: median step time of a 3-source mixture vs one source (same model, batch, steps).
+3. Training: median wall time per step (batch fetch + step) of a 3-source mixture vs one source.
    Target: mixture/one >= 0.98x in throughput (step-time ratio one/mixture).
 
 Sides run in ABBA order, min/median/max over the trials (>= 3 for the GB sizes, >= 5 for step time).
@@ -185,7 +185,10 @@ def step_times(run: Path, data_args: list[str], steps: int, env: dict[str, str])
     ]
     subprocess.run(cmd, env=env, check=True, capture_output=True)
     lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
-    return [m["step_time"] for m in lines[3:]]  # the first steps warm up
+    # Wall-clock time between consecutive metrics lines: the step plus fetching its batch (the loader
+    # is what a mixture changes; `step_time` alone would not see it). The first steps warm up.
+    times = [m["time"] for m in lines]
+    return [b - a for a, b in zip(times[3:], times[4:], strict=False)]
 
 
 def main() -> int:
@@ -197,6 +200,7 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--dir", type=Path, default=None, help="where to generate (default: a temp dir)")
     p.add_argument("--keep", action="store_true", help="keep the generated corpus")
+    p.add_argument("--parts", default="prep,steps", help="parts to run: prep, steps (default: both)")
     a = p.parse_args()
     root = Path(tempfile.mkdtemp(prefix="data-prep-", dir=a.dir))
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -212,67 +216,78 @@ def main() -> int:
             f"corpus: {sizes} GB, tokenizer 16k BPE; generated in {time.perf_counter() - t:.0f} s; {load()}"
         )
 
-        sides = {
-            "library": lambda: library(full, tok, a.workers, env),
-            "prepare-jsonl": lambda: prepare(full, root / "out", tok, a.workers, env),
-            "prepare-parquet": lambda: prepare(parquet, root / "out", tok, a.workers, env),
-            "prepare-quarter": lambda: prepare(quarter, root / "out", tok, a.workers, env),
-        }
-        results: dict[str, list[dict]] = {name: [] for name in sides}
-        for name in abba(list(sides), a.trials):
-            results[name].append(sides[name]())
-            r = results[name][-1]
+        parts = a.parts.split(",")
+        if "prep" in parts:
+            sides = {
+                "library": lambda: library(full, tok, a.workers, env),
+                "prepare-jsonl": lambda: prepare(full, root / "out", tok, a.workers, env),
+                "prepare-parquet": lambda: prepare(parquet, root / "out", tok, a.workers, env),
+                "prepare-quarter": lambda: prepare(quarter, root / "out", tok, a.workers, env),
+            }
+            results: dict[str, list[dict]] = {name: [] for name in sides}
+            for name in abba(list(sides), a.trials):
+                results[name].append(sides[name]())
+                r = results[name][-1]
+                print(
+                    f"  {name:16s} {r['s']:8.1f} s  {r['tok_s'] / 1e6:6.2f} Mtok/s  peak RSS {r['rss'] / 2**20:7.0f} MiB"
+                )
+            print(f"\n## Throughput ({a.workers} workers / threads, {a.gb} GB JSONL; {load()})")
             print(
-                f"  {name:16s} {r['s']:8.1f} s  {r['tok_s'] / 1e6:6.2f} Mtok/s  peak RSS {r['rss'] / 2**20:7.0f} MiB"
+                "| side | tokens | Mtok/s median [min-max] | ratio to library (median) |\n|---|---|---|---|"
             )
-        print(f"\n## Throughput ({a.workers} workers / threads, {a.gb} GB JSONL; {load()})")
-        print("| side | tokens | Mtok/s median [min-max] | ratio to library (median) |\n|---|---|---|---|")
-        lib = median([r["tok_s"] for r in results["library"]])
-        for name in ("library", "prepare-jsonl", "prepare-parquet"):
-            rates = [r["tok_s"] / 1e6 for r in results[name]]
-            print(
-                f"| {name} | {results[name][0]['tokens']} | {spread(rates, '{:.2f}')} | {median(rates) * 1e6 / lib:.2f}x |"
+            lib = median([r["tok_s"] for r in results["library"]])
+            for name in ("library", "prepare-jsonl", "prepare-parquet"):
+                rates = [r["tok_s"] / 1e6 for r in results[name]]
+                print(
+                    f"| {name} | {results[name][0]['tokens']} | {spread(rates, '{:.2f}')} | {median(rates) * 1e6 / lib:.2f}x |"
+                )
+            print("\n## Peak RSS of prepare-data (main + workers)")
+            print("| input | GB | peak RSS MiB median [min-max] |\n|---|---|---|")
+            for name, gb in (("prepare-quarter", sizes["quarter"]), ("prepare-jsonl", sizes["jsonl"])):
+                print(
+                    f"| {name} | {gb:.2f} | {spread([r['rss'] / 2**20 for r in results[name]], '{:.0f}')} |"
+                )
+            ratio = median([r["rss"] for r in results["prepare-jsonl"]]) / median(
+                [r["rss"] for r in results["prepare-quarter"]]
             )
-        print("\n## Peak RSS of prepare-data (main + workers)")
-        print("| input | GB | peak RSS MiB median [min-max] |\n|---|---|---|")
-        for name, gb in (("prepare-quarter", sizes["quarter"]), ("prepare-jsonl", sizes["jsonl"])):
-            print(f"| {name} | {gb:.2f} | {spread([r['rss'] / 2**20 for r in results[name]], '{:.0f}')} |")
-        ratio = median([r["rss"] for r in results["prepare-jsonl"]]) / median(
-            [r["rss"] for r in results["prepare-quarter"]]
-        )
-        print(f"RSS ratio full/quarter: {ratio:.3f} (target <= 1.10)")
+            print(f"RSS ratio full/quarter: {ratio:.3f} (target <= 1.10)")
 
-        # Step time: three byte-tokenized sources (slices of the corpus) vs one.
-        slices = []
-        with open(full, "rb") as f:
-            for k in range(3):
-                part = root / f"src{k}.jsonl"
-                part.write_bytes(b"".join(f.readline() for _ in range(2000)))
-                slices.append(part)
-        dirs = []
-        for k, part in enumerate(slices):
-            out = root / f"mix{k}"
-            subprocess.run(
-                [PY, "-m", "truestep", "prepare-data", str(part), "--out", str(out), "--no-progress"],
-                env=env,
-                check=True,
-                capture_output=True,
+        if "steps" in parts:
+            # Step time: three byte-tokenized sources (slices of the corpus) vs one.
+            slices = []
+            with open(full, "rb") as f:
+                for k in range(3):
+                    part = root / f"src{k}.jsonl"
+                    part.write_bytes(b"".join(f.readline() for _ in range(2000)))
+                    slices.append(part)
+            dirs = []
+            for k, part in enumerate(slices):
+                out = root / f"mix{k}"
+                subprocess.run(
+                    [PY, "-m", "truestep", "prepare-data", str(part), "--out", str(out), "--no-progress"],
+                    env=env,
+                    check=True,
+                    capture_output=True,
+                )
+                dirs.append(out)
+            one = [f"--data.path={dirs[0]}"]
+            mix = [
+                f'--data.sources=[{{path="{dirs[0]}", weight=0.5}}, {{path="{dirs[1]}", weight=0.3}}, {{path="{dirs[2]}", weight=0.2}}]'
+            ]
+            steps: dict[str, list[float]] = {"one": [], "mixture": []}
+            for name in abba(["one", "mixture"], a.step_trials):
+                steps[name].append(
+                    median(step_times(root / "run", one if name == "one" else mix, a.steps, env))
+                )
+            print(
+                f"\n## Training step time, tiny preset, {a.steps} steps x {a.step_trials} trials ({load()})"
             )
-            dirs.append(out)
-        one = [f"--data.path={dirs[0]}"]
-        mix = [
-            f'--data.sources=[{{path="{dirs[0]}", weight=0.5}}, {{path="{dirs[1]}", weight=0.3}}, {{path="{dirs[2]}", weight=0.2}}]'
-        ]
-        steps: dict[str, list[float]] = {"one": [], "mixture": []}
-        for name in abba(["one", "mixture"], a.step_trials):
-            steps[name].append(median(step_times(root / "run", one if name == "one" else mix, a.steps, env)))
-        print(f"\n## Training step time, tiny preset, {a.steps} steps x {a.step_trials} trials ({load()})")
-        print("| data | median step s [min-max over trials] |\n|---|---|")
-        for name, values in steps.items():
-            print(f"| {name} | {spread(values, '{:.4f}')} |")
-        print(
-            f"throughput ratio mixture/one: {median(steps['one']) / median(steps['mixture']):.3f} (target >= 0.98)"
-        )
+            print("| data | median step s [min-max over trials] |\n|---|---|")
+            for name, values in steps.items():
+                print(f"| {name} | {spread(values, '{:.4f}')} |")
+            print(
+                f"throughput ratio mixture/one: {median(steps['one']) / median(steps['mixture']):.3f} (target >= 0.98)"
+            )
     finally:
         if a.keep:
             print(f"kept {root}")
