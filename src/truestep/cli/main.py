@@ -31,7 +31,7 @@ commands:
   generate CKPT --prompt TEXT [--max-new-tokens N --temperature T --top-p P --seed S]
                                              continue a prompt with a checkpoint's model (KV cache, CPU)
   ckpt list|verify|inspect PATH              look at checkpoints (never unpickles)
-  prepare-data FILES... --out DIR            tokenize text files into token shards
+  prepare-data INPUT... --out DIR            tokenize a corpus (.txt .jsonl[.gz|.zst] .parquet, datasets dirs)
   config [CONFIG] [--section.key=value ...]  print the resolved config as TOML
   config --reference                         print the config reference (docs/config.md)
   presets                                    list the built-in presets

@@ -17,7 +17,11 @@ def trajectory_keys(cfg: JobConfig) -> dict[str, Any]:
         for key, value in values.items():
             dotted = f"{section}.{key}"
             if section in TRAJECTORY_SECTIONS or dotted in TRAJECTORY_KEYS:
-                flat[dotted] = value
+                if isinstance(value, list):  # data.sources: one key per item field, so a diff names it
+                    for index, item in enumerate(value):
+                        flat.update({f"{dotted}[{index}].{k}": v for k, v in item.items()})
+                else:
+                    flat[dotted] = value
     return flat
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import tomllib
+import typing
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,27 @@ def read_toml(spec: str) -> tuple[dict[str, Any], str]:
 
 def _field_types(section_obj: Any) -> dict[str, type]:
     return {f.name: type(getattr(section_obj, f.name)) for f in dataclasses.fields(section_obj)}
+
+
+def _item_type(obj: Any, key: str) -> Any:
+    """The element dataclass of a `list[X]` field (e.g. data.sources), else None."""
+    hint = typing.get_type_hints(type(obj)).get(key)
+    args = typing.get_args(hint)
+    return args[0] if typing.get_origin(hint) is list and args else None
+
+
+def _coerce_list(value: Any, item_type: Any, source: str, dotted: str) -> list[Any]:
+    """A TOML array of tables as a list of `item_type` dataclasses, each key checked like a section's."""
+    if not isinstance(value, list) or not all(isinstance(item, dict) for item in value):
+        raise ConfigError(
+            f"{source}: {dotted}: expected an array of tables like [{{key = value}}, ...], got {value!r}"
+        )
+    items = []
+    for index, table in enumerate(value):
+        item = item_type()
+        coerce_table(item, table, source, f"{dotted}[{index}]")
+        items.append(item)
+    return items
 
 
 def _coerce(value: Any, want: type, where: str) -> Any:
@@ -89,7 +111,11 @@ def coerce_table(obj: Any, values: dict[str, Any], source: str, section: str) ->
     for key, value in values.items():
         if key not in types:
             raise ConfigError(f"{source}: unknown key {section}.{key}; known: {', '.join(sorted(types))}")
-        setattr(obj, key, _coerce(value, types[key], f"{source}: {section}.{key}"))
+        item_type = _item_type(obj, key)
+        if item_type is not None:
+            setattr(obj, key, _coerce_list(value, item_type, source, f"{section}.{key}"))
+        else:
+            setattr(obj, key, _coerce(value, types[key], f"{source}: {section}.{key}"))
 
 
 def apply_overrides(cfg: JobConfig, overrides: list[str]) -> None:
@@ -107,6 +133,15 @@ def apply_overrides(cfg: JobConfig, overrides: list[str]) -> None:
         types = _field_types(obj)
         if key not in types:
             raise ConfigError(f"override {raw!r}: unknown key {dotted}; known: {', '.join(sorted(types))}")
+        item_type = _item_type(obj, key)
+        if item_type is not None:
+            # A list of tables is written as a TOML inline array: --data.sources='[{path="a", weight=1}]'.
+            try:
+                value = tomllib.loads(f"value = {text}")["value"]
+            except tomllib.TOMLDecodeError as err:
+                raise ConfigError(f"override {dotted}: not a TOML array of inline tables: {err}") from err
+            setattr(obj, key, _coerce_list(value, item_type, "override", dotted))
+            continue
         setattr(obj, key, _parse_cli_value(text, types[key], f"override {dotted}"))
 
 
@@ -140,17 +175,23 @@ def _toml_string(value: str) -> str:
     return '"' + "".join(out) + '"'
 
 
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return _toml_string(value)
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_value(item) for item in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{key} = {_toml_value(item)}" for key, item in value.items()) + "}"
+    return repr(value)
+
+
 def to_toml(cfg: JobConfig) -> str:
     lines: list[str] = []
     for section, values in to_dict(cfg).items():
         lines.append(f"[{section}]")
         for key, value in values.items():
-            if isinstance(value, bool):
-                rendered = "true" if value else "false"
-            elif isinstance(value, str):
-                rendered = _toml_string(value)
-            else:
-                rendered = repr(value)
-            lines.append(f"{key} = {rendered}")
+            lines.append(f"{key} = {_toml_value(value)}")
         lines.append("")
     return "\n".join(lines)

@@ -79,9 +79,23 @@ class ParallelConfig:
 
 
 @dataclass
+class SourceConfig:
+    path: str = ""
+    """Directory written by `truestep prepare-data` holding this source's tokens."""
+    weight: float = 1.0
+    """This source's share of the samples, relative to the other sources' weights (positive)."""
+
+
+@dataclass
 class DataConfig:
     path: str = ""
-    """Directory written by `truestep prepare-data`; empty means the built-in demo corpus."""
+    """Directory written by `truestep prepare-data`; empty means the built-in demo corpus (or `sources`)."""
+    sources: list[SourceConfig] = field(default_factory=list)
+    """A mixture instead of `path`: `[{path = "data/web", weight = 0.7}, {path = "data/code", weight =
+    0.3}]` (on the command line: `--data.sources='[{path="data/web", weight=0.7}, ...]'`). Every source is
+    a prepared directory of the same tokenizer; samples are interleaved deterministically in proportion to
+    the weights (docs/data.md). Part of the trajectory: a resume with other sources or weights is refused
+    unless checkpoint.allow_config_change."""
     seq_len: int = 256
     """Tokens per training sample."""
     data_seed: int = 1234

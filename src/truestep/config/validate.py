@@ -133,6 +133,7 @@ def validate(cfg: JobConfig) -> None:
     _require(t.micro_batch_size >= 0, "train.micro_batch_size must be >= 0 (0 = no accumulation)")
     _require(t.stop_at_step >= 0, "train.stop_at_step must be >= 0 (0 = no early stop)")
     _require(t.seed >= 0 and d.data_seed >= 0, "train.seed and data.data_seed must be >= 0")
+    _validate_sources(cfg)
     _require(p.init_timeout_s > 0, "parallel.init_timeout_s must be positive")
     _require(t.grad_clip >= 0, "train.grad_clip must be >= 0 (0 disables clipping)")
     for name, value in (
@@ -244,6 +245,25 @@ def _validate_rope_scaling(m: ModelConfig) -> None:
         m.rope_original_max_seq_len > 0,
         f"model.rope_original_max_seq_len must be positive (Llama 3: 8192), got {m.rope_original_max_seq_len}",
     )
+
+
+def _validate_sources(cfg: JobConfig) -> None:
+    """A mixture names each prepared directory once, with a positive finite weight, and replaces data.path."""
+    sources = cfg.data.sources
+    _require(
+        not (sources and cfg.data.path),
+        "set either data.path (one corpus) or data.sources (a mixture), not both",
+    )
+    for index, source in enumerate(sources):
+        where = f"data.sources[{index}]"
+        _require(source.path.strip() != "", f"{where}.path must name a prepared data directory")
+        _require(
+            math.isfinite(source.weight) and source.weight > 0,
+            f"{where}.weight must be a positive finite number, got {source.weight}",
+        )
+    paths = [source.path for source in sources]
+    repeated = sorted({path for path in paths if paths.count(path) > 1})
+    _require(not repeated, f"data.sources names {', '.join(repeated)} more than once; merge their weights")
 
 
 def validate_layout(cfg: JobConfig, world_size: int) -> tuple[int, int]:

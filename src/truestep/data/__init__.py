@@ -2,32 +2,39 @@
 
 The global sample order is a pure function of (data_seed, global batch index), so the loader's
 whole state is one integer and resuming is O(1) and independent of the data-parallel size.
+
+The names below are imported on first use: `prepare-data` and its worker processes need no torch, and
+the loader (which does) is not imported until asked for.
 """
 
-from truestep.data.build import build_loader
-from truestep.data.dataset import TokenDataset
-from truestep.data.demo import default_demo_dir, demo_corpus_files, ensure_demo_data
-from truestep.data.errors import DataError
-from truestep.data.loader import BatchLoader
-from truestep.data.meta import dtype_for_vocab, read_meta, verify_data_dir
-from truestep.data.sampler import GlobalSampler
-from truestep.data.shards import prepare_data
-from truestep.data.tokenizer import ByteTokenizer, HFTokenizer, load_tokenizer
+from __future__ import annotations
 
-__all__ = [
-    "BatchLoader",
-    "ByteTokenizer",
-    "DataError",
-    "GlobalSampler",
-    "HFTokenizer",
-    "TokenDataset",
-    "build_loader",
-    "default_demo_dir",
-    "demo_corpus_files",
-    "dtype_for_vocab",
-    "ensure_demo_data",
-    "load_tokenizer",
-    "prepare_data",
-    "read_meta",
-    "verify_data_dir",
-]
+import importlib
+from typing import Any
+
+_WHERE = {
+    "BatchLoader": "truestep.data.loader",
+    "ByteTokenizer": "truestep.data.tokenizer",
+    "DataError": "truestep.data.errors",
+    "GlobalSampler": "truestep.data.sampler",
+    "HFTokenizer": "truestep.data.tokenizer",
+    "MixtureLoader": "truestep.data.mixture",
+    "TokenDataset": "truestep.data.dataset",
+    "build_loader": "truestep.data.build",
+    "default_demo_dir": "truestep.data.demo",
+    "demo_corpus_files": "truestep.data.demo",
+    "dtype_for_vocab": "truestep.data.meta",
+    "ensure_demo_data": "truestep.data.demo",
+    "load_tokenizer": "truestep.data.tokenizer",
+    "prepare_data": "truestep.data.shards",
+    "read_meta": "truestep.data.meta",
+    "verify_data_dir": "truestep.data.meta",
+}
+
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _WHERE:
+        raise AttributeError(f"module 'truestep.data' has no attribute {name!r}")
+    return getattr(importlib.import_module(_WHERE[name]), name)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from truestep.core.errors import RefusedError
+from truestep.core.errors import ExitCode, RefusedError
 
 
 class DataError(RefusedError, ValueError):
@@ -11,3 +11,10 @@ class DataError(RefusedError, ValueError):
     A RefusedError, so the CLI prints the message as one line and exits with code 3; still a
     ValueError for callers that treat bad input as one.
     """
+
+
+class DataUsageError(DataError):
+    """A path named on the command line is missing, unreadable or not usable as named (exit 2: fix the
+    command), as opposed to bad data inside an input (exit 3)."""
+
+    exit_code = ExitCode.USAGE

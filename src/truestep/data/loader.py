@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 
 from truestep.data.dataset import TokenDataset
@@ -11,6 +12,34 @@ from truestep.data.errors import DataError
 from truestep.data.sampler import GlobalSampler
 
 MicroBatch = tuple[torch.Tensor, torch.Tensor]
+
+
+def split_micro_batches(tokens: np.ndarray, micro_batch_size: int) -> list[MicroBatch]:
+    """Rows [k, seq_len + 1] of one rank's samples as (inputs, targets) micro-batches of `micro_batch_size`."""
+    out: list[MicroBatch] = []
+    for m in range(0, tokens.shape[0], micro_batch_size):
+        rows = tokens[m : m + micro_batch_size]
+        # Explicit copies: contiguous tensors that do not alias each other (they overlap by
+        # all but one token), so an in-place op on the inputs cannot change the targets.
+        inputs = torch.from_numpy(rows[:, :-1].copy())
+        targets = torch.from_numpy(rows[:, 1:].copy())
+        out.append((inputs, targets))
+    return out
+
+
+def check_batch_split(global_batch_size: int, dp_rank: int, dp_size: int, micro_batch_size: int) -> int:
+    """Samples per rank of each global batch; every rank does equal work in whole micro-batches."""
+    if dp_size <= 0 or global_batch_size % dp_size:
+        raise DataError(f"global_batch_size {global_batch_size} is not divisible by dp_size {dp_size}")
+    per_rank = global_batch_size // dp_size
+    if not 0 <= dp_rank < dp_size:
+        raise DataError(f"dp_rank {dp_rank} outside [0, {dp_size})")
+    if micro_batch_size <= 0 or per_rank % micro_batch_size:
+        raise DataError(
+            f"micro_batch_size {micro_batch_size} must be positive and divide the per-rank batch "
+            f"{per_rank} (global_batch_size {global_batch_size} / dp_size {dp_size})"
+        )
+    return per_rank
 
 
 class BatchLoader:
@@ -54,17 +83,16 @@ class BatchLoader:
         Pure: it reads nothing but `b` and the constructor arguments, and moves no cursor.
         """
         indices = self.sampler.rank_indices(b, self.dp_rank, self.dp_size)
-        tokens = self.dataset.samples(indices)
-        out: list[MicroBatch] = []
-        mb = self.micro_batch_size
-        for m in range(self.num_micro_batches):
-            rows = tokens[m * mb : (m + 1) * mb]
-            # Explicit copies: contiguous tensors that do not alias each other (they overlap by
-            # all but one token), so an in-place op on the inputs cannot change the targets.
-            inputs = torch.from_numpy(rows[:, :-1].copy())
-            targets = torch.from_numpy(rows[:, 1:].copy())
-            out.append((inputs, targets))
-        return out
+        return split_micro_batches(self.dataset.samples(indices), self.micro_batch_size)
+
+    @property
+    def vocab_size(self) -> int:
+        """Vocabulary size of the tokenizer that prepared the data."""
+        return self.dataset.vocab_size
+
+    def tokens_per_source(self) -> dict[str, int] | None:
+        """Tokens drawn from each source of a mixture; None for a single corpus."""
+        return None
 
     def next(self) -> list[MicroBatch]:
         """Micro-batches of global batch `next_batch`, then advance to the following batch."""

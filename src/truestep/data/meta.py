@@ -19,6 +19,8 @@ from truestep.data.errors import DataError
 FORMAT = "truestep-tokens"
 VERSION = 1
 META_NAME = "meta.json"
+JOURNAL_NAME = "prepare-journal.json"
+"""Present only while prepare-data runs or after it was interrupted (data/journal.py)."""
 SHARD_RE = re.compile(r"shard_\d{5}\.npy")
 ALLOWED_DTYPES = ("uint16", "uint32")
 

@@ -25,7 +25,9 @@ def _is_int(value: Any) -> bool:
 class GlobalSampler:
     """Maps global batch indices to sample indices; also carries a `next_batch` cursor."""
 
-    def __init__(self, num_samples: int, global_batch_size: int, data_seed: int) -> None:
+    def __init__(self, num_samples: int, global_batch_size: int, data_seed: int, stream: int = 0) -> None:
+        """`stream` > 0 gives an independent order over the same seed (source `stream` of a mixture);
+        stream 0 is the single-corpus order, so a mixture's first source is drawn in exactly that order."""
         for name, value, minimum in (
             ("num_samples", num_samples, 1),
             ("global_batch_size", global_batch_size, 1),
@@ -37,6 +39,7 @@ class GlobalSampler:
         self.num_samples = int(num_samples)
         self.global_batch_size = int(global_batch_size)
         self.data_seed = int(data_seed)
+        self.stream = int(stream)
         self.next_batch = 0
         # Only the most recent epoch's permutation is kept: batches are consumed in order, so a
         # permutation is computed once per epoch, which is the whole per-epoch cost.
@@ -46,7 +49,8 @@ class GlobalSampler:
     def permutation(self, epoch: int) -> np.ndarray:
         """The sample order of `epoch` (cached for the latest epoch asked for)."""
         if epoch != self._perm_epoch:
-            rng = np.random.default_rng([self.data_seed, int(epoch)])
+            entropy = [self.data_seed, int(epoch)] + ([self.stream] if self.stream else [])
+            rng = np.random.default_rng(entropy)
             self._perm = rng.permutation(self.num_samples).astype(np.int64, copy=False)
             self._perm_epoch = epoch
         return self._perm

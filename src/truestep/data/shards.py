@@ -1,180 +1,170 @@
-"""`prepare_data`: tokenize text files into `.npy` shards plus a self-describing `meta.json`."""
+"""`prepare_data`: tokenize a corpus into `.npy` shards plus a self-describing `meta.json`.
+
+The main process reads the inputs as chunks (data/readers.py), `workers` processes tokenize them
+(data/encode.py), and the results come back in input order (data/pipeline.py), so the shards are the same
+bytes for any number of workers. Shards are written through temp names and renamed; after each one the
+resume journal (data/journal.py) records where the next begins, and meta.json, written last, marks the
+directory complete. A bad record stops the run with one line naming its file and line/row, and removes
+what was written; with `skip_bad` it is skipped and counted in meta.json instead.
+"""
 
 from __future__ import annotations
 
+import hashlib
 import json
-import os
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-
-from truestep.data.atomic import atomic_save_npy, atomic_write_bytes, is_temp_name
+from truestep.data.atomic import atomic_write_bytes
+from truestep.data.bos import resolve_bos
+from truestep.data.encode import EXAMPLES_KEPT, EncoderSpec, encode_chunk, init_worker
 from truestep.data.errors import DataError
-from truestep.data.meta import FORMAT, META_NAME, SHARD_RE, VERSION, dtype_for_vocab, shard_name
-from truestep.data.tokenizer import ByteTokenizer, Tokenizer, load_tokenizer
-from truestep.data.tokenizer_files import (
-    TOKENIZER_FILES,
-    TOKENIZER_JSON,
-    read_tokenizer_files,
-    write_tokenizer_files,
-)
+from truestep.data.inputs import InputFile, expand_inputs
+from truestep.data.journal import Counters, Journal, read_journal, write_journal
+from truestep.data.meta import FORMAT, JOURNAL_NAME, META_NAME, VERSION, dtype_for_vocab
+from truestep.data.outdir import ShardWriter, claim_out_dir, is_replaceable_dir
+from truestep.data.pipeline import ordered_map
+from truestep.data.readers import CHUNK_BYTES, Chunk, Cursor, read_chunks
+from truestep.data.tokenizer import ByteTokenizer, load_tokenizer
+from truestep.data.tokenizer_files import TOKENIZER_JSON, read_tokenizer_files, write_tokenizer_files
+
+__all__ = ["DEFAULT_SHARD_TOKENS", "PrepareProgress", "is_replaceable_dir", "prepare_data"]
 
 DEFAULT_SHARD_TOKENS = 16_777_216  # 32 MiB per shard at uint16: few files, cheap to hash and mmap
 
 
-def _is_ours(name: str) -> bool:
-    """Names prepare_data itself writes (including temp files a killed run left behind)."""
-    return (
-        name == META_NAME or name in TOKENIZER_FILES or bool(SHARD_RE.fullmatch(name)) or is_temp_name(name)
-    )
+@dataclass(frozen=True)
+class PrepareProgress:
+    documents: int
+    tokens: int
+    done_bytes: int
+    total_bytes: int
 
 
-def _is_data(name: str) -> bool:
-    """Names only prepare_data writes: a directory holding nothing but tokenizer files is somebody's."""
-    return _is_ours(name) and name not in TOKENIZER_FILES
+def _settings(inputs: list[InputFile], spec: EncoderSpec, shard_tokens: int, tokenizer_sha: str) -> dict:
+    """What a resumed run must share with the interrupted one for its shards to be the same."""
+    return {
+        "version": VERSION,
+        "inputs": [item.identity() for item in inputs],
+        "tokenizer_sha256": tokenizer_sha,
+        "eos_id": spec.eos_id,
+        "bos_id": spec.bos_id,
+        "text_field": spec.text_field,
+        "skip_bad": spec.skip_bad,
+        "shard_tokens": shard_tokens,
+        "chunk_bytes": CHUNK_BYTES,
+    }
 
 
-def _has_truestep_meta(out_dir: Path) -> bool:
-    try:
-        meta = json.loads((out_dir / META_NAME).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        return False
-    return isinstance(meta, dict) and meta.get("format") == FORMAT
-
-
-def is_replaceable_dir(path: Path) -> bool:
-    """True if `path` is empty or a previous truestep data dir, i.e. safe to overwrite.
-
-    A directory whose every entry is ours is an interrupted earlier run and is safe to redo.
-    """
-    names = [p.name for p in path.iterdir()]
-    return (
-        not names
-        or _has_truestep_meta(path)
-        or (all(_is_ours(n) for n in names) and any(_is_data(n) for n in names))
-    )
-
-
-def _claim_out_dir(out_dir: Path) -> None:
-    """Create `out_dir`, or clear a previous truestep data dir in it; refuse anything else."""
-    if out_dir.exists() and not out_dir.is_dir():
-        raise DataError(f"output path {out_dir} exists and is not a directory")
-    out_dir.mkdir(parents=True, exist_ok=True)
-    names = [p.name for p in out_dir.iterdir()]
-    if not names:
-        return
-    if not is_replaceable_dir(out_dir):
-        raise DataError(
-            f"refusing to write into {out_dir}: it is not empty and is not a truestep data directory "
-            f"(no {META_NAME} with format {FORMAT!r}); choose an empty or new directory"
-        )
-    # meta.json goes first: until the new one is written, the directory must not look complete.
-    (out_dir / META_NAME).unlink(missing_ok=True)
-    for name in names:
-        if _is_ours(name):
-            (out_dir / name).unlink(missing_ok=True)
-
-
-def _check_inputs(text_files: list[Path]) -> list[Path]:
-    """Fail before touching the output if any input is missing, so a typo costs nothing."""
-    if not text_files:
-        raise DataError("no input text files given")
-    paths = [Path(p) for p in text_files]
-    for p in paths:
-        if not p.is_file():
-            raise DataError(f"input file not found (or not a regular file): {p}")
-        if not os.access(p, os.R_OK):
-            raise DataError(f"input file is not readable: {p}")
-    return paths
-
-
-def _read_text(path: Path) -> str:
-    try:
-        data = path.read_bytes()
-    except OSError as e:
-        raise DataError(f"cannot read input file {path}: {e}") from e
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise DataError(f"input file {path} is not valid UTF-8: {e}") from e
-
-
-class _ShardWriter:
-    """Accumulates token arrays and writes a shard every `shard_tokens` tokens."""
-
-    def __init__(self, out_dir: Path, dtype: np.dtype, shard_tokens: int) -> None:
-        self.out_dir = out_dir
-        self.dtype = dtype
-        self.shard_tokens = shard_tokens
-        self.pending: list[np.ndarray] = []
-        self.pending_len = 0
-        self.shards: list[dict[str, object]] = []
-        self.num_tokens = 0
-
-    def add(self, tokens: np.ndarray) -> None:
-        tokens = tokens.astype(self.dtype, copy=False)
-        while tokens.size:
-            take = min(self.shard_tokens - self.pending_len, tokens.size)
-            self.pending.append(tokens[:take])
-            self.pending_len += take
-            tokens = tokens[take:]
-            if self.pending_len == self.shard_tokens:
-                self.flush()
-
-    def flush(self) -> None:
-        if not self.pending_len:
-            return
-        arr = np.concatenate(self.pending)
-        name = shard_name(len(self.shards))
-        digest = atomic_save_npy(self.out_dir / name, arr)
-        self.shards.append({"file": name, "num_tokens": int(arr.size), "sha256": digest})
-        self.num_tokens += int(arr.size)
-        self.pending, self.pending_len = [], 0
-
-    def remove_written(self) -> None:
-        for entry in self.shards:
-            (self.out_dir / str(entry["file"])).unlink(missing_ok=True)
-
-
-def encode_document(tok: Tokenizer, text: str) -> np.ndarray:
-    """Token ids of one document followed by EOS, range-checked against the vocabulary."""
-    ids = tok.encode_array(text)
-    if ids.size and (int(ids.max()) >= tok.vocab_size or int(ids.min()) < 0):
-        raise DataError(f"tokenizer {tok.name} produced an id outside its vocab_size {tok.vocab_size}")
-    out = np.empty(ids.size + 1, dtype=np.int64)
-    out[:-1] = ids
-    out[-1] = tok.eos_id
-    return out
+def _start(out_dir: Path, settings: dict, resume: bool, log: Callable[[str], None]) -> Journal | None:
+    """Claim `out_dir`; the journal of an interrupted run with the same settings, if resuming."""
+    journal = None
+    if (
+        resume
+        and out_dir.is_dir()
+        and (out_dir / JOURNAL_NAME).is_file()
+        and not (out_dir / META_NAME).exists()
+    ):
+        journal, why = read_journal(out_dir, settings)
+        if journal is None:
+            log(
+                f"an interrupted prepare-data left {out_dir} behind but cannot be resumed ({why}): starting over"
+            )
+        else:
+            log(f"resuming the interrupted prepare-data in {out_dir} after {len(journal.shards)} shard(s)")
+    keep = {JOURNAL_NAME, *(str(e["file"]) for e in journal.shards)} if journal else set()
+    claim_out_dir(out_dir, keep)
+    return journal
 
 
 def prepare_data(
-    text_files: list[Path],
+    text_files: list[Path] | list[str],
     out_dir: Path,
     tokenizer_spec: str = "byte",
     shard_tokens: int = DEFAULT_SHARD_TOKENS,
     eos_token: str | None = None,
+    *,
+    text_field: str = "text",
+    workers: int = 1,
+    skip_bad: bool = False,
+    bos: str = "auto",
+    resume: bool = True,
+    progress: Callable[[PrepareProgress], None] | None = None,
+    log: Callable[[str], None] | None = None,
 ) -> Path:
-    """Tokenize `text_files` (one document each, EOS after each) into shards under `out_dir`.
+    """Tokenize the inputs (files, directories, globs: data/inputs.py) into shards under `out_dir`.
 
-    Returns `out_dir`. The stream order is the order of `text_files`; callers wanting a stable
-    corpus should pass a sorted list.
+    Every document becomes [BOS] tokens EOS (BOS per `bos`: data/bos.py). Returns `out_dir`. The stream
+    order is the order of the inputs (each directory and glob sorted). `resume`: continue an interrupted
+    run with the same inputs and settings instead of starting over.
     """
     if shard_tokens <= 0:
         raise DataError(f"shard_tokens must be positive, got {shard_tokens}")
-    paths = _check_inputs(text_files)
+    if workers < 1:
+        raise DataError(f"workers must be at least 1, got {workers}")
+    log = log or (lambda line: None)
+    inputs = expand_inputs(list(text_files))
     tok = load_tokenizer(tokenizer_spec, eos_token=eos_token)
     is_byte = isinstance(tok, ByteTokenizer)
     # Read now: claiming out_dir below clears a previous copy, which may be the tokenizer given here.
     tokenizer_bytes = {} if is_byte else read_tokenizer_files(Path(tokenizer_spec))
+    tokenizer_json = None if is_byte else tokenizer_bytes[TOKENIZER_JSON]
     dtype = dtype_for_vocab(tok.vocab_size)
+    spec = EncoderSpec(
+        tokenizer_json=None if tokenizer_json is None else tokenizer_json.decode("utf-8"),
+        vocab_size=int(tok.vocab_size),
+        eos_id=int(tok.eos_id),
+        bos_id=resolve_bos(tok, bos),
+        text_field=text_field,
+        skip_bad=skip_bad,
+        dtype=dtype.name,
+    )
+    sha = "byte" if tokenizer_json is None else hashlib.sha256(tokenizer_json).hexdigest()
+    settings = _settings(inputs, spec, shard_tokens, sha)
     out_dir = Path(out_dir)
-    _claim_out_dir(out_dir)
-    writer = _ShardWriter(out_dir, dtype, shard_tokens)
+    journal = _start(out_dir, settings, resume, log)
+    writer = ShardWriter(out_dir, dtype, shard_tokens, journal.shards if journal else None)
+    counters = journal.counters if journal else Counters()
+    skip = journal.skip_tokens if journal else 0
+    total_bytes = sum(item.size for item in inputs)
+    submitted: deque[Chunk] = deque()
+
+    def chunks() -> Iterator[Chunk]:
+        for chunk in read_chunks(inputs, text_field, journal.cursor if journal else Cursor()):
+            submitted.append(chunk)
+            yield chunk
+
     tokenizer_files: list[str] = []
     try:
-        for path in paths:
-            writer.add(encode_document(tok, _read_text(path)))
+        for result in ordered_map(encode_chunk, chunks(), workers, init_worker, (spec,)):
+            chunk = submitted.popleft()
+            if result.error is not None:
+                raise DataError(result.error)
+            before = Counters(counters.documents, dict(counters.skipped), list(counters.examples))
+            drop = min(skip, result.tokens.size)  # a resumed run's first tokens are in shards already
+            skip -= drop
+
+            def on_shard(
+                used: int, chunk: Chunk = chunk, drop: int = drop, before: Counters = before
+            ) -> None:
+                write_journal(out_dir, Journal(settings, writer.shards, chunk.cursor, drop + used, before))
+
+            writer.add(result.tokens[drop:], on_shard)
+            counters.documents += result.documents
+            for kind, count in result.skipped.items():
+                counters.skipped[kind] = counters.skipped.get(kind, 0) + count
+            counters.examples += result.examples[: max(0, EXAMPLES_KEPT - len(counters.examples))]
+            if progress is not None:
+                tokens = writer.num_tokens + writer.pending_len
+                progress(PrepareProgress(counters.documents, tokens, chunk.done_bytes, total_bytes))
         writer.flush()
+        if not writer.num_tokens:
+            raise DataError(
+                "the inputs hold no documents"
+                + (f" (every record was bad and skipped: {counters.skipped})" if counters.skipped else "")
+            )
         # The tokenizer is copied in and named relative to out_dir, so it travels with the data.
         tokenizer_files = write_tokenizer_files(tokenizer_bytes, out_dir)
         meta = {
@@ -182,20 +172,30 @@ def prepare_data(
             "version": VERSION,
             "tokenizer": "byte" if is_byte else TOKENIZER_JSON,
             **({"tokenizer_files": tokenizer_files} if tokenizer_files else {}),
-            "vocab_size": int(tok.vocab_size),
-            "eos_id": int(tok.eos_id),
+            "vocab_size": spec.vocab_size,
+            "eos_id": spec.eos_id,
             "bos_id": tok.bos_id,
             "pad_id": tok.pad_id,
+            "add_bos": spec.bos_id is not None,
             "dtype": dtype.name,
             "num_tokens": writer.num_tokens,
             "shards": writer.shards,
-            "documents": len(paths),
+            "documents": counters.documents,
+            "text_field": text_field,
+            "inputs": [{k: v for k, v in item.identity().items() if k != "mtime_ns"} for item in inputs],
+            "skipped": counters.skipped,
+            "skipped_examples": counters.examples,
         }
         # Written last: its presence is what marks the directory complete.
         atomic_write_bytes(out_dir / META_NAME, (json.dumps(meta, indent=2) + "\n").encode("utf-8"))
+        (out_dir / JOURNAL_NAME).unlink(missing_ok=True)
+    except KeyboardInterrupt:
+        # The shards written so far are complete and the journal says where they end: the same command
+        # resumes. Without meta.json the directory is never taken for a finished one.
+        raise
     except BaseException:
         writer.remove_written()
-        for name in tokenizer_files:
+        for name in (*tokenizer_files, JOURNAL_NAME):
             (out_dir / name).unlink(missing_ok=True)
         raise
     return out_dir

@@ -129,6 +129,9 @@ def checkpoint_tokenizer(ckpt_dir: Path, data_dir: Path | None = None) -> Checkp
             f"{ckpt_dir}: the run's data.path is not recorded; give --data DIR or --no-tokenizer"
         )
     recorded = keys["data.path"]
+    if recorded == "" and "data.sources[0].path" in keys:
+        # A mixture (data/mixture.py): every source was checked to share one tokenizer; the first names it.
+        recorded = keys["data.sources[0].path"]
     if not isinstance(recorded, str) or "\0" in recorded:
         raise InteropError(
             f"{ckpt_dir}: the recorded data.path {recorded!r:.80} is not a path; give --data DIR"

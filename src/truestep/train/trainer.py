@@ -105,10 +105,17 @@ class Trainer:
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = build_optimizer(self.model, cfg)
         micro = cfg.train.micro_batch(ctx.dp)
-        self.loader = build_loader(cfg.data, cfg.train.global_batch_size, micro, ctx.dp_rank, ctx.dp)
-        if self.loader.dataset.vocab_size > cfg.model.vocab_size:
+        self.loader = build_loader(
+            cfg.data,
+            cfg.train.global_batch_size,
+            micro,
+            ctx.dp_rank,
+            ctx.dp,
+            allow_mixture_change=cfg.checkpoint.allow_config_change,
+        )
+        if self.loader.vocab_size > cfg.model.vocab_size:
             raise ConfigError(
-                f"data vocabulary ({self.loader.dataset.vocab_size}) exceeds model.vocab_size="
+                f"data vocabulary ({self.loader.vocab_size}) exceeds model.vocab_size="
                 f"{cfg.model.vocab_size}; raise model.vocab_size"
             )
         seed_streams(cfg.train.seed, ctx.dp_rank, step=0)

@@ -42,7 +42,11 @@ class MetricsHook(Hook):
             "tokens_seen": state.tokens_seen,
             "step_time": result.step_time,
         }
-        trainer.logs.metrics(**fields)
+        per_source = trainer.loader.tokens_per_source()
+        # A mixture also logs the tokens drawn from each source, by its configured path.
+        trainer.logs.metrics(
+            **fields, **({"tokens_per_source": per_source} if per_source is not None else {})
+        )
         if self.tensorboard is not None:
             self.tensorboard.scalars(state.step, fields)
         assert self.progress is not None
