@@ -25,6 +25,7 @@ TABLE: dict[int, tuple[Outcome, Outcome]] = {
     4: (OUT.REFUSED, OUT.REFUSED),
     5: (OUT.FENCED, OUT.FENCED),
     6: (OUT.STORAGE, OUT.STORAGE),
+    8: (OUT.FAILED, OUT.FAILED),  # the verdict's INCOMPLETE: a CLI's answer, never a rank's end
     75: (OUT.REQUEUE, OUT.FAILED),
     76: (OUT.REQUEUE, OUT.FAILED),
     77: (OUT.NODE_LOST, OUT.NODE_LOST),

@@ -12,7 +12,7 @@ from tqdm import tqdm
 
 from truestep.cli.main import report
 from truestep.core.errors import ExitCode
-from truestep.core.names import ENV_DEBUG
+from truestep.core.launch import debug_requested
 from truestep.data.bos import BOS_MODES
 from truestep.data.meta import read_meta
 from truestep.data.shards import DEFAULT_SHARD_TOKENS, PrepareProgress, prepare_data
@@ -151,7 +151,7 @@ def prepare_data_main(argv: list[str]) -> int:
         return int(ExitCode.INTERRUPTED)
     except Exception as err:
         bar.close()
-        return report("prepare-data", err, os.environ.get(ENV_DEBUG) == "1")
+        return report("prepare-data", err, debug_requested())
     bar.close()
     skipped = sum(meta.get("skipped", {}).values())
     print(
