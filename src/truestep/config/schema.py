@@ -271,6 +271,9 @@ class MetricsConfig:
     """Console progress update interval in steps (metrics.jsonl always gets every step)."""
     progress: bool = True
     """Show a progress bar on the console (rank 0)."""
+    narrate: bool = True
+    """Say each recovery event on stderr as one line (preempted, saved, resuming from, quarantined,
+    failure detected, restarting, the exit code and what to run next); the event log has them anyway."""
     tensorboard: bool = False
     """Also write the step scalars as TensorBoard event files under <run.dir>/tb."""
 
