@@ -130,3 +130,18 @@ def test_the_state_table_ranks_tensors_that_carry_information(tmp_path: Path) ->
     assert (
         "step counters are not listed" in para.text and "∞: a tensor held by one checkpoint only" in para.text
     )
+
+
+def test_at_a_measured_floor_the_rule_is_the_envelope_and_the_headline_says_incomplete(
+    tmp_path: Path,
+) -> None:
+    make_experiment(tmp_path, floor_perturb={3: 1e-5, 8: -1e-5}, faulted_perturb={7: 1.5e-5})
+    md, summary = _report(tmp_path)
+    glance = md.split("## At a glance", 1)[1].split("## Verdict", 1)[0]
+    assert f"**INCOMPLETE**: {'; '.join(summary.verdict.failures)}." in glance
+    assert (
+        "**The rule:** a run is correct while every observable stays within its threshold times the same-seed "
+        "repeats' per-step envelope (the floor); the experiment passes when" in glance
+    )
+    assert "| `faulted` | `kill:rank=0:step=6` | INCOMPLETE: final parameters not compared" in glance
+    assert "| 7 |" in glance  # the first divergence

@@ -19,7 +19,13 @@ PASS_RULE = (
 
 
 def rule_sentence(floor: FloorModel) -> str:
-    """How a run was judged, in one sentence (its threshold and envelope are detailed under Floor)."""
+    """How a run was judged and the experiment decided, in one sentence (the threshold and envelope are
+    detailed under Floor)."""
+    return f"**The rule:** {judged_clause(floor)}; {PASS_RULE}"
+
+
+def judged_clause(floor: FloorModel) -> str:
+    """How a run of a group with this floor is judged."""
     if not floor.k:
         judged = "a run is correct while it stays bitwise equal to the reference (no floor was measured)"
     elif floor.bitwise:
@@ -34,7 +40,7 @@ def rule_sentence(floor: FloorModel) -> str:
             "a run is correct while every observable stays within its threshold times the same-seed repeats' "
             "per-step envelope (the floor)"
         )
-    return f"**The rule:** {judged}; {PASS_RULE}"
+    return judged
 
 
 def _failure_free(group: GroupSummary) -> RunAnalysis | None:
@@ -102,6 +108,12 @@ def headline_blocks(summary: ExperimentSummary) -> list[Block]:
     ]
     for group in summary.groups:
         label = f" ({group.name}: {group.note}, {group.verdict.head})" if group.name else ""
+        if group.name:  # another floor, another rule: say it where the group's tables start
+            blocks.append(
+                Para(
+                    f"**{group.name.capitalize()} group ({group.verdict.head}):** {judged_clause(group.floor)}."
+                )
+            )
         scenarios, grid = scenario_table(group), ablation_grid(group)
         if scenarios is not None:
             blocks += [Para(f"**Scenarios{label}**"), scenarios]
