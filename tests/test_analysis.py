@@ -92,6 +92,8 @@ def test_goodput_and_badput_by_hand(tmp_path: Path) -> None:
         "teardown": 0.5,
         "requeue_wait": 0.5,  # teardown done 8.5 -> attempt 1 process start 9.0
         "after_violation": 0.0,
+        "not_running": 0.0,
+        "refused": 0.0,
         "other": 0.35,
     }
     assert g.badput_s == pytest.approx(expected) and g.inconsistencies == []

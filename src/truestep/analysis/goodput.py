@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from truestep.analysis.idle import IDLE_KINDS, Idle, idle_periods, records_before
 from truestep.analysis.runlog import RunLog
 
 WORK_KINDS = ("useful", "lost_work", "after_violation", "unverifiable")
@@ -62,6 +63,8 @@ class Goodput:
     """Every bucket of BUCKETS, plus `other` (the wall clock no span covers; negative = inconsistent)."""
     spans: list[Span] = field(default_factory=list)
     inconsistencies: list[str] = field(default_factory=list)
+    after_completion: list[int] = field(default_factory=list)
+    """Attempts launched after the job completed: named here, outside the wall clock (analysis/idle.py)."""
 
 
 @dataclass(frozen=True)
@@ -165,6 +168,8 @@ def goodput(
 ) -> Goodput:
     """`violation`: the verdict's first violation step; `unverifiable`: steps the reference lacks."""
     starts = attempt_starts(run)
+    idle = idle_periods(run, starts)
+    starts = {a: t for a, t in starts.items() if a not in idle.after_completion}
     spans = _startup_and_restore(run, starts) + _work(run, violation, set(unverifiable))
     spans += [
         Span("checkpoint_blocking", e.get("attempt"), e["time"] - e.get("blocking_s", 0.0), e["time"])
@@ -177,11 +182,12 @@ def goodput(
         s if s.attempt is not None else Span(s.kind, attempt_at(starts, s.start), s.start, s.end)
         for s in sorted(spans + supervision, key=lambda s: s.start)
     ]
-    totals = {kind: 0.0 for kind in ("useful", *BUCKETS)}
+    spans = _idle_spans(run, idle, [s for s in spans if s.start < idle.end])
+    totals = {kind: 0.0 for kind in ("useful", *BUCKETS, *IDLE_KINDS)}
     for span in spans:
         totals[span.kind] += span.duration
     useful = totals.pop("useful")
-    wall = run.wall_s
+    wall = idle.end - run.start_time
     other = wall - useful - sum(totals.values())
     if other < -1e-6 * max(1.0, wall):
         problems.append(
@@ -206,7 +212,37 @@ def goodput(
         badput_s=totals,
         spans=spans,
         inconsistencies=problems,
+        after_completion=idle.after_completion,
     )
+
+
+def _idle_spans(run: RunLog, idle: Idle, spans: list[Span]) -> list[Span]:
+    """A refused attempt is its own span. The wait before it stays a requeue wait when the job was
+    waiting for a relaunch; the gap after it (and before one that followed no requeue) is `not_running`."""
+    if not idle.refused:
+        return spans
+    out = []
+    for span in spans:
+        inside = [
+            r
+            for r in idle.refused.values()
+            if span.kind == "requeue_wait" and span.start < r[1] and r[0] < span.end
+        ]
+        if not inside:
+            out.append(span)
+            continue
+        cursor, kind = span.start, "requeue_wait"  # waiting for the relaunch, which came and was refused
+        for first, last in sorted(inside):
+            out.append(Span(kind, span.attempt, cursor, max(cursor, first)))
+            cursor, kind = max(cursor, last), "not_running"  # after a refusal nothing relaunches the job
+        out.append(Span("not_running", span.attempt, cursor, max(cursor, span.end)))
+    for attempt, (first, last) in idle.refused.items():
+        covered = any(s.kind in ("requeue_wait", "not_running") and s.end == first for s in out)
+        before = records_before(run, first)
+        if not covered and before:
+            out.append(Span("not_running", attempt, max(before), first))
+        out.append(Span("refused", attempt, first, last))
+    return sorted((s for s in out if s.duration > 0), key=lambda s: s.start)
 
 
 def checkpoint_overhead(run: RunLog) -> CheckpointOverhead:

@@ -50,13 +50,21 @@ MAX_METADATA_BYTES = 1 << 30
 """DCP metadata of a 70B model on thousands of ranks is tens of MB; beyond this it is not metadata."""
 
 
+SINGLE_PROCESS_WARNING = r"torch.distributed is disabled, unavailable or uninitialized"
+
+
+def silence_single_process_saves() -> None:
+    """For a process that trains without a process group: DCP's per-save warning says exactly what we
+    intend, and an async save runs DCP on a writer thread, outside any `single_process()` scope (the
+    warning landed inside the progress bar at every save). Process-wide, so called only there."""
+    warnings.filterwarnings("ignore", message=SINGLE_PROCESS_WARNING)
+
+
 @contextmanager
 def single_process() -> Iterator[None]:
     """DCP warns that it runs without a process group: exactly the intent where this is used."""
     with warnings.catch_warnings():
-        warnings.filterwarnings(
-            "ignore", message=r"torch.distributed is disabled, unavailable or uninitialized"
-        )
+        warnings.filterwarnings("ignore", message=SINGLE_PROCESS_WARNING)
         yield
 
 

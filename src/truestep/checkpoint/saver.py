@@ -38,7 +38,7 @@ from truestep.checkpoint.catalog import (
     step_dir_name,
 )
 from truestep.checkpoint.manifest import VerifyError, read_marker, write_manifest, write_marker
-from truestep.checkpoint.safe_dcp import single_process
+from truestep.checkpoint.safe_dcp import silence_single_process_saves, single_process
 from truestep.checkpoint.state import Checkpointable, write_rank_state
 from truestep.config.schema import CheckpointConfig
 from truestep.core.errors import FencedError, RefusedError, os_error_line, storage_error
@@ -130,6 +130,8 @@ class Checkpointer:
         self.last_saved_step: int | None = None
         # A dedicated group keeps DCP's background collectives off FSDP's default group.
         self.group = dist.new_group(backend="gloo") if self.ctx.distributed and self.cfg.async_save else None
+        if not self.ctx.distributed:
+            silence_single_process_saves()
 
     def save(self, step: int, states: Checkpointable, reason: str, digest: Callable[[], str]) -> None:
         """Collective. Start (async) or complete (sync) a save of the current step.

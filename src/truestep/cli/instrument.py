@@ -9,6 +9,7 @@ experiment too, unless --compare-anyway).
 from __future__ import annotations
 
 import argparse
+import time
 from pathlib import Path
 
 from truestep.analysis.fidelity import DEFAULT_MARGIN
@@ -120,8 +121,11 @@ def _run_and_report(
     out: Path, jobs: list[JobSpec], margin: float, notes: dict[str, str] | None = None
 ) -> int:
     run_plan(out, jobs, notes=notes)
+    started = time.time()
+    print(f"report: reading {len(jobs)} runs (metrics, events, checkpoint state) ...", flush=True)
     summary = summarize(out, margin)
     _report(out, summary)
+    print(f"report phase took {time.time() - started:.1f}s", flush=True)
     return summary.verdict.exit_code
 
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import os
+import sys
 import tomllib
 import typing
 from importlib import resources
@@ -10,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from truestep.config.errors import ConfigError
+from truestep.config.fit import fit_schedule, overridden_keys
 from truestep.config.schema import JobConfig
 from truestep.config.validate import validate
 
@@ -152,6 +155,9 @@ def load_config(spec: str | None, overrides: list[str] | None = None) -> JobConf
         table, source = read_toml(spec)
         apply_table(cfg, table, source)
     apply_overrides(cfg, overrides or [])
+    note = fit_schedule(cfg, overridden_keys(overrides or []))
+    if note is not None and os.environ.get("RANK", "0") == "0":  # torchrun: every rank loads the config
+        print(f"truestep: {note}", file=sys.stderr, flush=True)
     validate(cfg)
     return cfg
 

@@ -155,7 +155,8 @@ class ScheduleConfig:
     kind: str = "cosine"
     """Learning-rate schedule after warmup: cosine, constant or wsd (warmup-stable-decay)."""
     warmup_steps: int = 10
-    """Linear warmup steps from lr/warmup_steps to lr."""
+    """Linear warmup steps from lr/warmup_steps to lr. Unless set on the command line, a warm-up that does
+    not fit train.max_steps is shrunk to half the steps left, with a note (config/fit.py)."""
     min_lr_ratio: float = 0.1
     """Final learning rate as a fraction of the peak (cosine and wsd)."""
     decay_steps: int = 0
@@ -271,6 +272,9 @@ class MetricsConfig:
     """Console progress update interval in steps (metrics.jsonl always gets every step)."""
     progress: bool = True
     """Show a progress bar on the console (rank 0)."""
+    narrate: bool = True
+    """Say each recovery event on stderr as one line (preempted, saved, resuming from, quarantined,
+    failure detected, restarting, the exit code and what to run next); the event log has them anyway."""
     tensorboard: bool = False
     """Also write the step scalars as TensorBoard event files under <run.dir>/tb."""
 

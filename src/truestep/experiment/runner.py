@@ -60,6 +60,7 @@ def run_job(spec: JobSpec, run_dir: Path, log: Path | None = None) -> int:
     env[ENV_JOB_START] = str(time.time())
     cmd = [sys.executable, "-m", "truestep", "launch", spec.config, f"--nproc={spec.nproc}"]
     cmd += [f"--max-restarts={spec.max_restarts}", f"--run.dir={run_dir}", *spec.overrides]
+    cmd += ["--metrics.progress=false"]  # the job's log is a file: a progress bar there is noise
     if spec.nnodes > 1:
         return _run_nodes(spec, cmd, env, run_dir, requeue_code, log)
     code = 1
@@ -110,6 +111,21 @@ def _run_nodes(
     return next((code for code in codes if code != 0), 1)
 
 
+def eta_line(durations: list[float], total: int) -> str:
+    """What is left after `len(durations)` of `total` jobs, estimated from the mean job so far. The report
+    (reading every run's checkpoints) follows and is not in the estimate: the report phase says its own."""
+    left = total - len(durations)
+    if left <= 0:
+        return "all runs done; the report comes next"
+    estimate = sum(durations) / len(durations) * left
+    return f"{left} run(s) left, about {_clock(estimate)} (then the report)"
+
+
+def _clock(seconds: float) -> str:
+    minutes, secs = divmod(round(seconds), 60)
+    return f"{minutes} min {secs:02d} s" if minutes else f"{secs} s"
+
+
 def run_plan(
     out: Path, jobs: list[JobSpec], progress: bool = True, notes: dict[str, str] | None = None
 ) -> None:
@@ -119,6 +135,7 @@ def run_plan(
     (out / "logs").mkdir(exist_ok=True)
     plan = {"jobs": [asdict(j) for j in jobs], GROUP_NOTES: dict(notes or {})}
     (out / "experiment.json").write_text(json.dumps(plan, indent=1))
+    durations: list[float] = []
     for index, job in enumerate(jobs, 1):
         run_dir = out / "runs" / job.name
         if (run_dir / METRICS_FILE).exists():
@@ -127,5 +144,9 @@ def run_plan(
         if progress:
             print(f"[{index}/{len(jobs)}] {job.name}  faults: {'; '.join(job.faults) or 'none'}", flush=True)
         code = run_job(job, run_dir, log=out / "logs" / f"{job.name}.log")
+        durations.append(time.time() - started)
         if progress:
-            print(f"        exit {code} after {time.time() - started:.1f}s", flush=True)
+            print(
+                f"        exit {code} after {durations[-1]:.1f}s; {eta_line(durations, len(jobs))}",
+                flush=True,
+            )

@@ -76,7 +76,7 @@ def plot_breakdown(result: PlanResult, path: Path) -> Path:
     """Every badput bucket as a share of the wall clock, with its 5-95 % range over replicas."""
     h = result.headline
     wall = h.wall_s.mean
-    kinds = [k for k in BADPUT_ORDER if k != "unverifiable"]
+    kinds = [k for k in BADPUT_ORDER if k != "unverifiable" and k in h.badput_s]  # no idle kinds simulated
     fig = Figure(figsize=(9, 0.9 + 0.36 * len(kinds)), layout="constrained")
     ax = fig.add_subplot()
     ys = list(range(len(kinds)))[::-1]

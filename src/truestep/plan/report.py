@@ -95,6 +95,7 @@ def build_blocks(a: Assembled, r: PlanResult, images: dict[str, Path]) -> list[B
                 ]
                 + [f"{s.p5 / 3600:,.3f} h", f"{s.p95 / 3600:,.3f} h"]
                 for k in BADPUT_ORDER
+                if k in h.badput_s  # the simulator has no idle kinds (analysis/idle.py)
                 for s in [h.badput_s[k]]
             ],
         ),

@@ -40,7 +40,7 @@ from truestep.resilience.lease import RunDirLease
 from truestep.resilience.nodes import JobNodes
 from truestep.resilience.standby import StandbyPool
 from truestep.resilience.watch import AttemptEnd, AttemptWatch, Failure, Rank, rank_exits
-from truestep.telemetry.jsonl import JsonlWriter
+from truestep.telemetry.narrate import NarratedWriter, Narrator
 
 POLL_S = 0.1
 
@@ -113,9 +113,10 @@ class Supervisor:
         hub_port = self.nodes.hub_port  # published in the lease for the other nodes
         taken_over = self.lease.acquire(hub_port) if spec.node_rank == 0 else None  # refuses a second job
         self.nodes.publish_key()  # node 0: the link's secret, only once the run directory is this job's
-        self.events = JsonlWriter(
+        self.events = NarratedWriter(
             self.run_dir / EVENTS_FILE,
             {"source": "supervisor", "node": spec.node_rank, "host": socket.gethostname()},
+            Narrator("truestep launch", enabled=cfg.metrics.narrate),
         )
         if taken_over is not None:
             self.events.write({"event": "lease_taken_over", "previous": taken_over.describe()})

@@ -13,9 +13,10 @@ class Progress:
         self.bar = tqdm(total=total, initial=start, disable=not enabled, file=sys.stderr, dynamic_ncols=True)
 
     def update(self, step: int, loss: float, tokens_per_s: float) -> None:
-        self.bar.update(1)
+        # The postfix first: `update` draws it, so the bar shows this step's loss, not the previous one's.
         if step % self.every == 0:
             self.bar.set_postfix_str(f"loss={loss:.4f} tok/s={tokens_per_s:,.0f}", refresh=False)
+        self.bar.update(1)
 
     def close(self) -> None:
         self.bar.close()

@@ -10,24 +10,42 @@ from pathlib import Path
 from typing import Any
 
 from truestep.core.names import EVENTS_FILE, METRICS_FILE
-from truestep.telemetry.jsonl import JsonlWriter
+from truestep.telemetry.jsonl import JsonlWriter, read_jsonl
+from truestep.telemetry.narrate import Narrator
 
 
 class RunLogs:
-    def __init__(self, run_dir: Path, attempt: int, enabled: bool) -> None:
+    def __init__(self, run_dir: Path, attempt: int, enabled: bool, narrator: Narrator | None = None) -> None:
         self.run_dir = run_dir
         self.attempt = attempt
         self.enabled = enabled
+        self.narrator = narrator if enabled else None
+        if self.narrator is not None:
+            self.narrator.failure_time = self.failure_time
         self._metrics = JsonlWriter(run_dir / METRICS_FILE, {"attempt": attempt}) if enabled else None
         self._events = JsonlWriter(run_dir / EVENTS_FILE, {"attempt": attempt}) if enabled else None
 
     def event(self, event: str, **fields: Any) -> None:
         if self._events is not None:
-            self._events.write({"event": event, **fields})
+            record = self._events.write({"event": event, **fields})
+            if self.narrator is not None:
+                self.narrator.tell(record)
 
     def metrics(self, **fields: Any) -> None:
         if self._metrics is not None:
-            self._metrics.write(fields)
+            record = self._metrics.write(fields)
+            if self.narrator is not None:
+                self.narrator.metrics(record)
+
+    def failure_time(self) -> float | None:
+        """When the supervisor detected the failure that ended the previous attempt (None: none did)."""
+        detected = [
+            r.get("detected_at")
+            for r in read_jsonl(self.run_dir / EVENTS_FILE)
+            if r.get("event") == "failure_detected" and r.get("attempt") == self.attempt - 1
+        ]
+        last = detected[-1] if detected else None
+        return float(last) if isinstance(last, int | float) else None
 
     def close(self) -> None:
         for writer in (self._metrics, self._events):

@@ -42,9 +42,11 @@ from truestep.core.rundir import check_run_dir
 from truestep.core.status import RankStatus, StopReason
 from truestep.faults.hooks import set_context as set_fault_context
 from truestep.parallel.dist import DistContext, broadcast_int, init_distributed, leave
+from truestep.parallel.peer_loss import peer_left
 from truestep.resilience.attempt import Attempt, begin_attempt
 from truestep.resilience.heartbeat import Heartbeat
 from truestep.resilience.lease import RunDirLease
+from truestep.telemetry.narrate import Narrator
 from truestep.telemetry.run_logs import RunLogs
 from truestep.train.hooks import (
     CheckpointHook,
@@ -93,6 +95,9 @@ def failure_of(err: BaseException) -> tuple[int, str] | None:
         return int(
             ExitCode.FAILURE
         ), f"out of memory: {str(oom).splitlines()[0] if str(oom) else type(oom).__name__}"
+    gone = next((peer_left(c) for c in causes(err) if peer_left(c)), None)
+    if gone is not None:
+        return int(ExitCode.FAILURE), f"a peer rank left the process group ({gone}); details in events.jsonl"
     dist_error = next((c for c in causes(err) if isinstance(c, torch.distributed.DistError)), None)
     if dist_error is not None:
         return int(ExitCode.FAILURE), f"process group failed: {str(dist_error).splitlines()[0]}"
@@ -154,7 +159,7 @@ def run_training(cfg: JobConfig, launch: Launch, status: RankStatus, attempt: At
         elif ctx.is_main:
             check_run_dir(Path(cfg.run.dir))  # the supervisor checked too; files can appear since
         hooks = build_hooks(attempt)
-        code = _train(cfg, ctx, status, attempt, rendezvous, hooks)
+        code = _train(cfg, ctx, status, attempt, rendezvous, hooks, launch.supervised)
     except BaseException as err:  # noqa: BLE001 - classified below; a bug is re-raised untouched
         failure = failure_of(err)
         if failure is None:
@@ -193,9 +198,16 @@ def _train(
     attempt: Attempt,
     rendezvous: dict[str, float],
     hooks: list[Hook],
+    launch_supervised: bool,
 ) -> int:
     run_dir = Path(cfg.run.dir)
-    logs = RunLogs(run_dir, attempt.number, enabled=ctx.is_main)
+    narrator = Narrator(
+        "truestep train",
+        says_exit=not launch_supervised,
+        requeue_code=cfg.resilience.requeue_exit_code,
+        enabled=cfg.metrics.narrate,
+    )
+    logs = RunLogs(run_dir, attempt.number, enabled=ctx.is_main, narrator=narrator)
     logs.event("rendezvous", **rendezvous)  # process group and mesh up: a phase of MTTR
     try:
         trainer = Trainer(cfg, ctx, logs, status)

@@ -10,7 +10,9 @@ from pathlib import Path
 
 from truestep.analysis.report.blocks import Block, Heading, Image, Para, Table
 from truestep.analysis.report.format import fmt_pct, fmt_rate, fmt_seconds, fmt_step
+from truestep.analysis.report.headline import headline_blocks
 from truestep.analysis.report.opening import verdict_paragraph
+from truestep.analysis.report.recovery import recovery_blocks
 from truestep.analysis.report.sections import (
     ablation_blocks,
     cannot_see_blocks,
@@ -83,6 +85,7 @@ def run_section(run: RunAnalysis, group: GroupSummary, figures: Figures) -> list
         text += f"Verdict: **{run.verdict.label}**."
     blocks.append(Para(text))
     blocks += fidelity_blocks(run, group.floor)
+    blocks += recovery_blocks(run)
     blocks += goodput_blocks(run)
     blocks += mttr_blocks(run)
     return blocks + figures.runs.get(run.name, [])
@@ -109,6 +112,7 @@ def build_blocks(summary: ExperimentSummary, figures: Figures, out: Path) -> lis
     blocks: list[Block] = [
         Heading(1, "truestep experiment report"),
         Para(f"Experiment directory: `{out}`"),
+        *headline_blocks(summary),
         Heading(2, "Verdict"),
         Para(verdict_paragraph(summary)),
     ]

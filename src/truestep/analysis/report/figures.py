@@ -29,21 +29,34 @@ def _attempt(figures: Figures, into: list[Image], caption: str, draw: Callable[[
         figures.notes.append(f"plot '{caption}' failed: {type(err).__name__}: {err}")
 
 
+def runs_to_overlay(group: GroupSummary) -> tuple[list, str]:
+    """The judged runs an overlay plot draws (at most MAX_RUNS_ON_ENVELOPE, so the plot stays legible):
+    violations first, so the runs that matter most are never the ones left out, then the rest in table
+    order; and the caption's note naming every run left out ("" when none is)."""
+    runs = [
+        r for r in ordered_runs(group) if r.comparison is not None and r.role not in ("reference", "floor")
+    ]
+    runs.sort(key=lambda r: r.verdict.first_violation_step is None)  # stable: table order within each kind
+    drawn, rest = runs[:MAX_RUNS_ON_ENVELOPE], runs[MAX_RUNS_ON_ENVELOPE:]
+    note = (
+        f"; not drawn ({len(rest)}, see the runs table): " + ", ".join(f"`{r.name}`" for r in rest)
+        if rest
+        else ""
+    )
+    return [(r.name, r.comparison, r.verdict) for r in drawn], note
+
+
 def _group_plots(group: GroupSummary, plot_dir: Path, figures: Figures, full: bool) -> None:
     from truestep.analysis.report import plots  # matplotlib is imported only when a report is made
 
     stem = _safe(group.name or "main")
-    judged = [
-        (r.name, r.comparison, r.verdict)
-        for r in ordered_runs(group)
-        if r.comparison is not None and r.role not in ("reference", "floor")
-    ][:MAX_RUNS_ON_ENVELOPE]
+    judged, left_out = runs_to_overlay(group)
     floor_images = figures.floors.setdefault(group.name, [])
     _attempt(
         figures,
         floor_images,
         "The floor as judged: the repeats' |Δloss| from the reference (grey), their running-max envelope, "
-        "the calibrated threshold (green band) and the runs (X: a loss violation)",
+        "the calibrated threshold (green band) and the runs (X: a loss violation)" + left_out,
         lambda: plots.plot_envelope(
             group.floor, judged, plot_dir / f"envelope-{stem}.png", f"floor envelope: {group.name or 'main'}"
         ),
@@ -52,7 +65,8 @@ def _group_plots(group: GroupSummary, plot_dir: Path, figures: Figures, full: bo
         _attempt(
             figures,
             floor_images,
-            "Parameter and optimizer-state distances from the reference at checkpoint steps: repeats (grey) and runs",
+            "Parameter and optimizer-state distances from the reference at checkpoint steps: repeats (grey) and runs"
+            + left_out,
             lambda: plots.plot_state(
                 group.floor,
                 judged,

@@ -10,12 +10,13 @@ import math
 from typing import Any
 
 from truestep.analysis.goodput import BUCKETS
+from truestep.analysis.idle import IDLE_KINDS
 from truestep.analysis.mttr import PHASES
 
 __all__ = ["BADPUT_ORDER", "PHASES", "PHASE_LABELS", "finite", "fmt_dev", "fmt_pct", "fmt_rate"]
 __all__ += ["fmt_seconds", "fmt_step", "plural"]
 
-BADPUT_ORDER = (*BUCKETS, "other")
+BADPUT_ORDER = (*BUCKETS, *IDLE_KINDS, "other")
 """The badput table's rows: the analysis's buckets, then the remainder."""
 PHASE_LABELS = {
     "detect": "detect",

@@ -4,6 +4,8 @@ analysis/summary.py; nothing is recomputed here."""
 
 from __future__ import annotations
 
+import math
+
 from truestep.analysis.floor import LOSS, FloorModel
 from truestep.analysis.report.blocks import Block, Heading, Para, Table, kv_table
 from truestep.analysis.report.format import (
@@ -27,7 +29,7 @@ def floor_blocks(floor: FloorModel) -> list[Block]:
         ("bitwise identical", "yes" if floor.bitwise else "no"),
         ("max |Δloss| of any repeat", fmt_dev(floor.max_dloss)),
         ("max |Δgrad norm| of any repeat", fmt_dev(floor.max_dgrad_norm)),
-        ("margin", f"{floor.margin:g}"),
+        ("margin (threshold = margin × the leave-one-out spread)", f"{floor.margin:g}"),
         ("checkpoint steps with state distances", ", ".join(map(str, floor.state_steps)) or "none"),
     ]
     if floor.guarantee is not None:
@@ -121,9 +123,14 @@ def digest_text(run: RunAnalysis) -> str:
     return text + (f" (differ at step {', '.join(map(str, bad))})" if bad else "")
 
 
+COUNTER_KINDS = frozenset({"step"})
+"""Optimizer state that counts steps (Adam's `step`): equal in every run at the same step, so ranking it
+among the tensors that moved says nothing; the verdict still compares it."""
+
+
 def state_blocks(run: RunAnalysis, floor: FloorModel) -> list[Block]:
     assert run.comparison is not None
-    kinds = sorted({k for d in run.comparison.state for k in d.totals})
+    kinds = sorted({k for d in run.comparison.state for k in d.totals} - COUNTER_KINDS)
     rows = []
     for d in run.comparison.state:
         cells = []
@@ -134,14 +141,24 @@ def state_blocks(run: RunAnalysis, floor: FloorModel) -> list[Block]:
                 "" if floor.bitwise or env is None or family is None else f" (≤ {fmt_dev(family.tau * env)})"
             )
             cells.append(fmt_dev(d.totals.get(kind)) + limit)
-        top = sorted(d.tensors.items(), key=lambda kv: -kv[1])[:TOP_TENSORS]
+        informative = {k: x for k, x in d.tensors.items() if k.split(":", 1)[0] not in COUNTER_KINDS}
+        top = sorted(informative.items(), key=lambda kv: -kv[1])[:TOP_TENSORS]
         rows.append([str(d.step), *cells, ", ".join(f"`{k}` {fmt_dev(x)}" for k, x in top if x)])
+    infinite = any(
+        math.isinf(x) for d in run.comparison.state for x in (*d.totals.values(), *d.tensors.values())
+    )
     return [
         Para(
             "Distances of parameters and optimizer state from the reference's at each common checkpoint step "
-            "(L2 over every tensor of a kind; in parentheses the floor's limit), and the tensors that moved most:"
+            "(L2 over every tensor of a kind; in parentheses the floor's limit), and the tensors that moved most. "
+            "Optimizer step counters are not listed (they count steps; the verdict still compares them)."
+            + (
+                " ∞: a tensor held by one checkpoint only, or with another shape or dtype (not comparable)."
+                if infinite
+                else ""
+            )
         ),
-        Table(["step", *kinds, "largest per-tensor distances"], rows),
+        Table(["checkpoint step", *kinds, "largest per-tensor distances"], rows),
     ]
 
 

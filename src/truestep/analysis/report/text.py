@@ -70,7 +70,13 @@ def render_run_text(run: RunAnalysis, sections: Iterable[str] | None = None) -> 
             "goodput",
             f"plain {fmt_rate(gp.plain_tokens_per_s)}, correct {fmt_rate(gp.correct_tokens_per_s)} "
             f"({gp.correct_steps}/{gp.steps} steps correct, {gp.tokens_per_step:,} tok/step), "
-            f"wall {fmt_seconds(gp.wall_s)}",
+            f"wall {fmt_seconds(gp.wall_s)}"
+            + (
+                f"; attempt(s) {', '.join(map(str, gp.after_completion))} launched after the run completed: "
+                "not counted"
+                if gp.after_completion
+                else ""
+            ),
         )
     if "badput" in want:
         shown = [

@@ -165,5 +165,5 @@ def plot_deviation(
     ax.set_ylabel(f"|Δ| vs reference (0 = bitwise, drawn at {eps:.0e})")
     ax.set_title(title)
     ax.grid(alpha=0.3, which="major")
-    ax.legend(loc="upper left", fontsize=8)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)  # outside the data
     return save_figure(fig, path)

@@ -64,7 +64,7 @@ def plot_envelope(floor: FloorModel, runs: list[JudgedRun], path: Path | str, ti
     ax.set_ylabel("|Δ loss| vs reference")
     ax.set_title(title)
     ax.grid(alpha=0.3)
-    ax.legend(loc="upper left", fontsize=7)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7, frameon=False)  # outside the data
     return save_figure(fig, path)
 
 
@@ -108,7 +108,9 @@ def plot_state(floor: FloorModel, runs: list[JudgedRun], path: Path | str, title
         ax.grid(alpha=0.3)
         if index == 1:
             ax.set_title(title)
-            ax.legend(loc="upper left", fontsize=7)
+            ax.legend(
+                loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7, frameon=False
+            )  # outside the data
     if fig.axes:
         fig.axes[-1].set_xlabel("checkpoint step")
     return save_figure(fig, path)

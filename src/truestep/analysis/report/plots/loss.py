@@ -77,5 +77,5 @@ def plot_loss(ref: RunLog, run: RunLog, path: Path | str, title: str | None = No
     ax.set_ylabel("loss")
     ax.set_title(title or f"loss: {run.path.name} vs reference")
     ax.grid(alpha=0.3)
-    ax.legend(loc="best", fontsize=8)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)  # outside the data
     return save_figure(fig, path)

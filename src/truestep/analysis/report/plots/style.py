@@ -22,6 +22,8 @@ COLORS = {
     "detection": "#fdd835",
     "teardown": "#6d4c41",
     "requeue_wait": "#d7ccc8",
+    "not_running": "#eeeeee",
+    "refused": "#ef9a9a",
 }
 LABELS = {
     "useful": "training (kept, correct)",
@@ -34,6 +36,8 @@ LABELS = {
     "detection": "detection (fault -> detected)",
     "teardown": "teardown",
     "requeue_wait": "relaunch / requeue wait",
+    "not_running": "not running (between launches)",
+    "refused": "refused attempt",
 }
 
 

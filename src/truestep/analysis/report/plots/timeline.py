@@ -14,6 +14,8 @@ from truestep.analysis.goodput import WORK_KINDS, Goodput, Span, attempt_at
 from truestep.analysis.report.plots.style import COLORS, LABELS, save_figure
 
 DRAW_ORDER = (
+    "not_running",
+    "refused",
     "requeue_wait",
     "startup",
     "useful",

@@ -1,0 +1,55 @@
+"""What each run's recovery path did, from its event log: every checkpoint restored (which, how long,
+whether the layout changed), quarantined (why) or set aside, every fresh start and NaN rollback. A
+quarantine followed by a restore of an older step is the proof that the fall-back worked, so the report
+lists it in the run's own section instead of leaving it to events.jsonl."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from truestep.analysis.report.blocks import Block, Para, Table
+from truestep.analysis.report.format import fmt_seconds
+from truestep.analysis.summary import RunAnalysis
+from truestep.core.names import EVENTS_FILE
+from truestep.telemetry.jsonl import read_jsonl
+
+
+def _restore(e: dict[str, Any]) -> str:
+    detail = f"from `{Path(str(e.get('path', '?'))).name}` in {fmt_seconds(e.get('restore_s'))}"
+    return detail + (", layout changed" if e.get("layout_changed") else "")
+
+
+WORDS = {
+    "checkpoint_restore": ("restored", _restore),
+    "checkpoint_quarantined": ("quarantined", lambda e: str(e.get("reason", ""))),
+    "checkpoint_set_aside": ("set aside", lambda e: str(e.get("reason", ""))),
+    "fresh_start": ("fresh start", lambda e: str(e.get("reason", ""))),
+    "fresh_start_forced": ("fresh start (forced)", lambda e: str(e.get("reason", ""))),
+    "nan_rollback": ("NaN rollback", lambda e: f"after {e.get('after_consecutive')} non-finite steps"),
+}
+"""Event kind -> (what happened, its detail)."""
+
+
+def recovery_rows(run_dir: Path) -> list[list[str]]:
+    rows = []
+    for e in read_jsonl(run_dir / EVENTS_FILE):
+        words = WORDS.get(str(e.get("event")))
+        if words is None:
+            continue
+        step = e.get("step", e.get("to_step"))
+        rows.append([str(e.get("attempt", "—")), words[0], "—" if step is None else str(step), words[1](e)])
+    return rows
+
+
+def recovery_blocks(run: RunAnalysis) -> list[Block]:
+    try:
+        rows = recovery_rows(Path(run.path))
+    except (OSError, ValueError) as err:  # the run's other sections still stand; say what is missing
+        return [Para(f"Recovery path: the event log could not be read ({err}).")]
+    if not rows:
+        return [Para("Recovery path: no checkpoint was restored, quarantined or set aside.")]
+    return [
+        Para("Recovery path (from the run's event log):"),
+        Table(["attempt", "what", "step", "detail"], rows),
+    ]

@@ -1,0 +1,225 @@
+"""What the console says during a recovery: one line on stderr per event an operator must know of.
+
+The event log (events.jsonl) is the record; this is its spoken summary. Each writer of events narrates
+its own: rank 0 (telemetry/run_logs.py) the preemption, Ctrl-C, the saves that stop makes, a resume
+(which checkpoint, verified how, in how long), a quarantine and the fall-back past it, being back at
+work after a restart; the supervisor (resilience/supervisor.py) a failure detected (kind, rank, after
+how long), the restart (warm or cold) and the exit code it ends with. The two sets of event kinds do
+not overlap, so nothing is said twice.
+
+`LINES` maps an event kind to the function that words it (None: nothing to say for this record). The
+narrator keeps the little state a line needs from earlier events (a stop pending, a quarantine before
+the restore it explains, when the attempt started). Lines go through `tqdm.write` so a progress bar on
+the same stream is redrawn below them instead of being torn.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+from tqdm import tqdm
+
+from truestep.telemetry.jsonl import JsonlWriter
+
+INTERRUPT_EXIT = 130
+"""ExitCode.INTERRUPTED (core/errors.py), repeated here because telemetry sits below core's users."""
+
+
+@dataclass
+class Narrator:
+    """Words events for one writer. `who` prefixes every line ("truestep train", "truestep launch")."""
+
+    who: str
+    out: TextIO | None = None
+    """Where lines go; None: sys.stderr at the time of writing (so tests capturing stderr see them)."""
+    says_exit: bool = True
+    """Rank 0 says how the process ends only when no supervisor does (the supervisor owns the exit code)."""
+    requeue_code: int = 75
+    failure_time: Callable[[], float | None] = lambda: None
+    """When the failure that led to this attempt was detected (None: unknown): for the back-at-work line."""
+    enabled: bool = True
+    stop_step: int | None = None
+    quarantined: list[str] = field(default_factory=list)
+    verified: dict[str, Any] | None = None
+    restored_at: float | None = None
+    attempt_started: float | None = None
+    restarting: int = 0
+    handoffs: int = 0
+
+    def tell(self, record: dict[str, Any]) -> str | None:
+        """Say the record's line, if its kind has one; returns what was said."""
+        if not self.enabled:
+            return None
+        words = LINES.get(str(record.get("event")))
+        line = words(self, record) if words is not None else None
+        if line is not None:
+            tqdm.write(f"{self.who}: {line}", file=self.out or sys.stderr)
+            (self.out or sys.stderr).flush()
+        return line
+
+    def metrics(self, record: dict[str, Any]) -> str | None:
+        """The first step after a restore: say the run is back at work, and how long that took."""
+        if not self.enabled or self.restored_at is None:
+            return None
+        restored_at, self.restored_at = self.restored_at, None
+        failed = self.failure_time()
+        now = float(record.get("time", restored_at))
+        since = f"{now - failed:.1f} s after the failure was detected" if failed is not None else None
+        since = since or f"{now - restored_at:.1f} s after the restore"
+        line = f"back at work: step {record.get('step')} done, {since}"
+        tqdm.write(f"{self.who}: {line}", file=self.out or sys.stderr)
+        return line
+
+
+# --- rank 0 ------------------------------------------------------------------------------------------
+
+
+def _signal_received(n: Narrator, r: dict[str, Any]) -> str | None:
+    n.stop_step = r.get("stop_step")
+    reason, signal = r.get("stop_reason"), r.get("signal")
+    if reason == "preempted":
+        return f"preempted ({signal}) at step {n.stop_step}: saving a checkpoint, then exit {n.requeue_code}"
+    if reason == "interrupted":
+        return (
+            f"interrupted ({signal}) at step {n.stop_step}: saving a checkpoint, then exit {INTERRUPT_EXIT}"
+        )
+    return None
+
+
+def _saved(n: Narrator, r: dict[str, Any]) -> str | None:
+    step = r.get("step")
+    if n.stop_step is None or not isinstance(step, int) or step < n.stop_step:
+        return None  # an interval save: the progress bar is enough
+    return f"saved step {step} (committed and verifiable)"
+
+
+def _already_saved(n: Narrator, r: dict[str, Any]) -> str | None:
+    if n.stop_step is None or r.get("step") != n.stop_step:
+        return None
+    return f"step {r.get('step')} was already saved"
+
+
+def _run_end(n: Narrator, r: dict[str, Any]) -> str | None:
+    if not n.says_exit:
+        return None
+    step, reason = r.get("step"), r.get("reason")
+    if reason == "preempted":
+        return (
+            f"exit {n.requeue_code} (requeue me): preempted at step {step}, saved; requeue the job or run the "
+            "same command again to resume from it"
+        )
+    if reason == "interrupted":
+        return (
+            f"exit {INTERRUPT_EXIT}: interrupted at step {step}, saved; run the same command again to resume"
+        )
+    return None
+
+
+def _quarantined(n: Narrator, r: dict[str, Any]) -> str:
+    n.quarantined.append(str(r.get("step")))
+    return f"quarantined checkpoint step {r.get('step')} ({r.get('reason')}); moved to {r.get('moved_to')}"
+
+
+def _verified(n: Narrator, r: dict[str, Any]) -> None:
+    n.verified = r
+    return None
+
+
+def _restore(n: Narrator, r: dict[str, Any]) -> str:
+    n.restored_at = float(r.get("time", 0.0))
+    verified = n.verified or {}
+    how = "SHA-256 of every file" if verified.get("checksums") else "commit marker and manifest, no checksums"
+    verify_s = verified.get("verify_s")
+    checked = f"verified by {how} in {verify_s:.1f} s" if isinstance(verify_s, float) else "not verified"
+    past = f"; fell back past quarantined step {', '.join(n.quarantined)}" if n.quarantined else ""
+    n.quarantined, n.verified = [], None
+    restore_s = r.get("restore_s", 0.0)
+    return (
+        f"resuming from step {r.get('step')} ({r.get('path')}; {checked}; loaded in {restore_s:.1f} s){past}"
+    )
+
+
+def _nan_rollback(n: Narrator, r: dict[str, Any]) -> str:
+    return f"rolled back to step {r.get('to_step')} after {r.get('after_consecutive')} non-finite steps"
+
+
+# --- the supervisor ----------------------------------------------------------------------------------
+
+
+def _attempt_start(n: Narrator, r: dict[str, Any]) -> str | None:
+    n.attempt_started = float(r.get("time", 0.0))
+    if not n.restarting:
+        return None
+    handed, restart = n.handoffs, n.restarting
+    n.restarting = n.handoffs = 0
+    how = f"warm: {handed} standby process(es) took over" if handed else "cold: fresh processes"
+    return f"restarting as attempt {r.get('attempt')} (restart {restart}; {how})"
+
+
+def _handoff(n: Narrator, r: dict[str, Any]) -> None:
+    n.handoffs += 1
+    return None
+
+
+def _restart(n: Narrator, r: dict[str, Any]) -> None:
+    n.restarting, n.handoffs = int(r.get("restart", 1)), 0
+    return None
+
+
+def _failure_detected(n: Narrator, r: dict[str, Any]) -> str:
+    detected = r.get("detected_at", r.get("time"))
+    after = ""
+    if n.attempt_started is not None and isinstance(detected, int | float):
+        after = f" after {detected - n.attempt_started:.1f} s of attempt {r.get('attempt')}"
+    rank = r.get("rank")
+    where = f" on rank {rank}" if rank is not None else ""
+    return f"failure detected: {r.get('kind')}{where}{after} ({r.get('detail')})"
+
+
+def _supervisor_end(n: Narrator, r: dict[str, Any]) -> str | None:
+    outcome, code, restarts = r.get("outcome"), r.get("exit_code"), r.get("restarts", 0)
+    if outcome == "requeue":
+        return f"exit {code} (requeue me): preempted, checkpoint saved; requeue the job or run the same command again"
+    if outcome == "interrupted":
+        return f"exit {code}: interrupted, checkpoint saved; run the same command again to resume"
+    if outcome == "gave_up":
+        return f"exit {code}: gave up after {restarts} restart(s) (resilience.max_restarts)"
+    if outcome == "completed" and restarts:
+        return f"finished after {restarts} restart(s)"
+    return None
+
+
+LINES: dict[str, Callable[[Narrator, dict[str, Any]], str | None]] = {
+    "signal_received": _signal_received,
+    "checkpoint_commit": _saved,
+    "checkpoint_skipped": _already_saved,
+    "run_end": _run_end,
+    "checkpoint_quarantined": _quarantined,
+    "checkpoint_verified": _verified,
+    "checkpoint_restore": _restore,
+    "nan_rollback": _nan_rollback,
+    "attempt_start": _attempt_start,
+    "standby_handoff": _handoff,
+    "restart": _restart,
+    "failure_detected": _failure_detected,
+    "supervisor_end": _supervisor_end,
+}
+"""Event kind -> its line. Kinds written by rank 0 and by the supervisor do not overlap."""
+
+
+class NarratedWriter(JsonlWriter):
+    """An event log whose records are also narrated (the supervisor's: it and its standby pool write
+    through one writer)."""
+
+    def __init__(self, path: Path, static: dict[str, Any] | None, narrator: Narrator) -> None:
+        super().__init__(path, static)
+        self.narrator = narrator
+
+    def write(self, record: dict[str, Any]) -> dict[str, Any]:
+        line = super().write(record)
+        self.narrator.tell(line)
+        return line
