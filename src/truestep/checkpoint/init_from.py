@@ -19,6 +19,8 @@ from truestep.checkpoint.errors import CheckpointContentError, TensorMismatchErr
 from truestep.checkpoint.resolver import CheckpointNotFound, find_verified, find_verified_collective
 from truestep.checkpoint.safe_dcp import load_dcp
 from truestep.checkpoint.weights import (
+    TIED_EMBEDDING,
+    TIED_OUTPUT,
     TensorMeta,
     WeightsError,
     expected_shapes,
@@ -29,6 +31,7 @@ from truestep.checkpoint.weights import (
     problem_list,
     read_model_config,
     shape_problems,
+    with_tied_output,
 )
 from truestep.config.schema import ModelConfig
 from truestep.parallel.dist import DistContext
@@ -82,10 +85,15 @@ def load_init_weights(
     differences = config_differences(saved_cfg, cfg) if isinstance(cfg, ModelConfig) else []
     if sharded:
         state = get_model_state_dict(model)
+        # A tied output weight stored once (as the embedding, by import-hf) is loaded through the embedding.
+        once = saved_cfg.tie_embeddings and TIED_OUTPUT not in meta and TIED_OUTPUT in state
+        targets = {k: v for k, v in state.items() if not (once and k == TIED_OUTPUT)}
         try:
-            load_dcp({"model": state}, path)
+            load_dcp({"model": targets}, path)
         except (CheckpointContentError, TensorMismatchError) as err:
             raise WeightsError(f"checkpoint.init_from={path}: {err}") from err
+        if once:
+            state[TIED_OUTPUT] = state[TIED_EMBEDDING]
         set_model_state_dict(model, state)
     else:
         load_model_tensors(path, into=plain)
@@ -133,7 +141,7 @@ def _refuse_unfit(
     expected: dict[str, tuple[int, ...]],
     cfg: object,
 ) -> None:
-    problems = shape_problems(meta, expected)
+    problems = shape_problems(with_tied_output(meta, saved_cfg.tie_embeddings), expected)
     if isinstance(cfg, ModelConfig) and saved_cfg.tie_embeddings != cfg.tie_embeddings:
         problems.append(
             f"model.tie_embeddings: checkpoint {saved_cfg.tie_embeddings}, configured {cfg.tie_embeddings}"

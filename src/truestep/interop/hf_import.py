@@ -177,32 +177,42 @@ def _headers(
     return found, unknown
 
 
-def _read_tensors(headers: dict[str, tuple[Path, str, TensorMeta]]) -> dict[str, torch.Tensor]:
-    """truestep FQN -> fp32 tensor, read one at a time; refuses a non-finite value."""
-    st = safetensors_module()
-    by_file: dict[Path, list[str]] = {}
-    for name, (path, _, _) in headers.items():
-        by_file.setdefault(path, []).append(name)
-    state: dict[str, torch.Tensor] = {}
-    for path, names in by_file.items():
+class _TensorReader:
+    """Produces one imported tensor at a time (truestep FQN -> tensor in the target dtype), for the
+    streaming checkpoint writer: the file is opened per tensor, so neither the model nor a whole shard
+    (nor its mapped pages) is ever held; each tensor must be finite."""
+
+    def __init__(self, headers: dict[str, tuple[Path, str, TensorMeta]], dtype: torch.dtype | None) -> None:
+        self.where = {from_hf(name) or name: (path, name) for name, (path, _, _) in headers.items()}
+        self.dtype = dtype
+
+    def template(self, headers: dict[str, tuple[Path, str, TensorMeta]]) -> dict[str, torch.Tensor]:
+        """Meta-device tensors with each imported tensor's shape and target dtype."""
+        return {
+            from_hf(name) or name: torch.empty(meta.shape, dtype=self.dtype or meta.dtype, device="meta")
+            for name, (_, _, meta) in headers.items()
+        }
+
+    def __call__(self, fqn: str) -> torch.Tensor:
+        path, name = self.where[fqn]
+        st = safetensors_module()
         try:
             with st.safe_open(str(path), framework="pt", device="cpu") as handle:
-                for name in names:
-                    tensor = handle.get_tensor(name).to(torch.float32).contiguous()
-                    if not bool(torch.isfinite(tensor).all()):
-                        raise InteropError(
-                            f"{path.name}: {name} holds NaN or infinite values; refusing to import it"
-                        )
-                    state[from_hf(name) or name] = tensor
+                tensor = handle.get_tensor(name)
+            if self.dtype is not None and tensor.dtype != self.dtype:
+                tensor = tensor.to(self.dtype)
+            tensor = tensor.contiguous()
+            if not bool(torch.isfinite(tensor).all()):
+                raise InteropError(f"{path.name}: {name} holds NaN or infinite values; refusing to import it")
+            return tensor
         except InteropError:
             raise
         except (RuntimeError, MemoryError) as err:
             if "allocate" in str(err) or isinstance(err, MemoryError):
-                raise InteropError(f"{path}: not enough memory to read its tensors: {err}") from err
+                raise InteropError(f"{path}: not enough memory to read {name}: {err}") from err
             raise safetensors_failure(err, path, "tensor data does not load") from err
         except Exception as err:  # SafetensorError, OSError
             raise safetensors_failure(err, path, "tensor data does not load") from err
-    return state
 
 
 def _special_tokens(hf: dict[str, Any], hf_dir: Path, vocab_size: int) -> dict[str, Any]:
@@ -241,8 +251,10 @@ def _tokenizer_files(hf_dir: Path, special: dict[str, Any]) -> dict[str, bytes]:
     return files
 
 
-def import_hf(hf_dir: Path, out: Path) -> dict[str, Any]:
-    """Write the weights of an HF Llama directory as a weights-only truestep checkpoint (fp32).
+def import_hf(hf_dir: Path, out: Path, dtype: torch.dtype | None = None) -> dict[str, Any]:
+    """Write the weights of an HF Llama directory as a weights-only truestep checkpoint, streaming: one
+    tensor at a time is read, converted to `dtype` (None: as stored) and written. A tied output weight is
+    stored once, as the embedding.
 
     The tokenizer files beside the weights are copied into the checkpoint (and covered by its manifest)
     and the bos/eos/pad ids recorded in interop.json, so an export gives them back.
@@ -275,24 +287,30 @@ def import_hf(hf_dir: Path, out: Path) -> dict[str, Any]:
     problems = shape_problems(meta, expected, to_hf, "safetensors", f"{CONFIG} implies")
     if problems:
         raise InteropError(f"{hf_dir}: the weights do not match {CONFIG}: {problem_list(problems)}")
-    state = _read_tensors(headers)
-    if cfg.tie_embeddings:
-        state["output.weight"] = state["tok_embeddings.weight"]
+    if cfg.tie_embeddings:  # a tied lm_head some exports write anyway is the embedding: stored once
+        headers = {name: entry for name, entry in headers.items() if from_hf(name) != "output.weight"}
+    reader = _TensorReader(headers, dtype)
+    state = reader.template(headers)
     dtypes = sorted({str(entry[2].dtype).removeprefix("torch.") for entry in headers.values()})
     source = {
         "type": "huggingface",
         "path": str(hf_dir.resolve()),
         "architecture": ARCHITECTURE,
         "dtypes": dtypes,
+        "stored_dtype": str(dtype).removeprefix("torch.") if dtype is not None else "as the source",
         "config": hf,
     }
     record = {"files": list(tokenizer_files), **special}
     step_dir = write_weights_checkpoint(
-        Path(out), state, cfg, source, extra_files=tokenizer_files, extra_info={"tokenizer": record}
+        Path(out),
+        state,
+        cfg,
+        source,
+        extra_files=tokenizer_files,
+        extra_info={"tokenizer": record},
+        produce=reader,
     )
-    n_params = sum(
-        t.numel() for fqn, t in state.items() if not (cfg.tie_embeddings and fqn == "output.weight")
-    )
+    n_params = sum(t.numel() for t in state.values())
     return {
         "hf_dir": str(hf_dir),
         "checkpoint": str(step_dir),
