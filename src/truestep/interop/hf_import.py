@@ -74,10 +74,34 @@ def safetensors_failure(err: Exception, path: Path, doing: str) -> Exception:
     return InteropError(f"{path}: {doing}: {err}")
 
 
+def _link_roots(hf_dir: Path) -> list[Path]:
+    real = hf_dir.resolve()
+    roots = [real]
+    if real.parent.name == "snapshots":  # a Hugging Face cache snapshot: its files link into ../../blobs
+        roots.append(real.parent.parent / "blobs")
+    return roots
+
+
+def confined(path: Path) -> Path:
+    """`path`, a file of an HF directory, with a symlink resolved only when it stays inside the directory
+    (or, for a Hugging Face cache snapshot, inside that repository's `blobs/`): a link a git clone
+    carries to `~/.ssh/...` or `/etc/...` is refused, never read or copied into a checkpoint."""
+    if not os.path.islink(path):
+        return path
+    target = path.resolve()
+    if not any(target.is_relative_to(root) for root in _link_roots(path.parent)):
+        raise InteropError(
+            f"{path} is a symlink to {target}, outside {path.parent}: refusing to follow it "
+            "(copy the file into the directory if it belongs there)"
+        )
+    return target
+
+
 def read_hf_json(path: Path, required: bool = True) -> Any:
-    """A JSON file of an HF directory (symlinks followed, as in the HF cache; never a FIFO; bounded)."""
+    """A JSON file of an HF directory (symlinks followed only within it, as in the HF cache; never a
+    FIFO; bounded)."""
     try:
-        data = read_regular(path, MAX_JSON_BYTES, follow_symlinks=True)
+        data = read_regular(confined(path), MAX_JSON_BYTES, follow_symlinks=False)
     except FileNotFoundError:
         if required:
             raise InteropError(f"{path.parent}: no {path.name}; not a Hugging Face model directory") from None
@@ -91,8 +115,10 @@ def read_hf_json(path: Path, required: bool = True) -> Any:
 
 
 def _regular(path: Path, why: str) -> Path:
+    """`path` (its name kept: the index names it), a regular file or a link within its directory (see
+    `confined`)."""
     try:
-        mode = os.stat(path).st_mode
+        mode = os.stat(confined(path)).st_mode
     except FileNotFoundError:
         raise InteropError(f"{why} names {path.name}, which does not exist") from None
     if not stat.S_ISREG(mode):
@@ -177,6 +203,22 @@ def _headers(
     return found, unknown
 
 
+FINITE_CHUNK = 1 << 24
+"""Elements checked at once: the check's temporary is 16 MB, not as large as the tensor."""
+
+
+def _read_one(st: Any, path: Path, name: str) -> torch.Tensor:
+    with st.safe_open(str(path), framework="pt", device="cpu") as handle:
+        return handle.get_tensor(name)
+
+
+def _all_finite(tensor: torch.Tensor) -> bool:
+    flat = tensor.reshape(-1)
+    return all(
+        bool(torch.isfinite(flat[i : i + FINITE_CHUNK]).all()) for i in range(0, flat.numel(), FINITE_CHUNK)
+    )
+
+
 class _TensorReader:
     """Produces one imported tensor at a time (truestep FQN -> tensor in the target dtype), for the
     streaming checkpoint writer: the file is opened per tensor, so neither the model nor a whole shard
@@ -197,12 +239,11 @@ class _TensorReader:
         path, name = self.where[fqn]
         st = safetensors_module()
         try:
-            with st.safe_open(str(path), framework="pt", device="cpu") as handle:
-                tensor = handle.get_tensor(name)
+            tensor = _read_one(st, path, name)  # the file's mapping is gone once it returns
             if self.dtype is not None and tensor.dtype != self.dtype:
                 tensor = tensor.to(self.dtype)
             tensor = tensor.contiguous()
-            if not bool(torch.isfinite(tensor).all()):
+            if not _all_finite(tensor):
                 raise InteropError(f"{path.name}: {name} holds NaN or infinite values; refusing to import it")
             return tensor
         except InteropError:
@@ -237,7 +278,7 @@ def _tokenizer_files(hf_dir: Path, special: dict[str, Any]) -> dict[str, bytes]:
         if os.path.lexists(hf_dir / name):
             try:
                 files[name] = read_regular(
-                    _regular(hf_dir / name, str(hf_dir)), MAX_JSON_BYTES, follow_symlinks=True
+                    confined(_regular(hf_dir / name, str(hf_dir))), MAX_JSON_BYTES, follow_symlinks=False
                 )
             except OversizeFileError as err:
                 raise InteropError(str(err)) from None
