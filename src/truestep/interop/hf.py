@@ -30,6 +30,7 @@ from truestep.checkpoint.weights import (
 )
 from truestep.config.schema import ModelConfig
 from truestep.core.fsio import atomic_write, new_staging_dir, publish_dir
+from truestep.data.tokenizer_files import GENERATION_CONFIG
 from truestep.interop.dtypes import cast_for_export, dtype_name
 from truestep.interop.errors import InteropError
 from truestep.interop.hf_config import CONFIG, ffn_rule_for, hf_config, model_config_from_hf
@@ -42,7 +43,6 @@ from truestep.interop.hf_import import (
 )
 from truestep.interop.names import sort_key, to_hf
 from truestep.interop.tokenizer_export import (
-    GENERATION_CONFIG,
     check_tokenizer_fits,
     checkpoint_tokenizer,
     generation_config,

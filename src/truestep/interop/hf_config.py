@@ -201,6 +201,16 @@ def special_token_ids(hf: dict[str, Any], vocab_size: int, where: str) -> dict[s
     return found
 
 
+def merged_eos(first: int | list[int] | None, second: int | list[int] | None) -> int | list[int] | None:
+    """Every eos id of both, `first`'s first, each once; one id stays an int (as transformers writes it)."""
+    ids: list[int] = []
+    for value in (first, second):
+        for i in value if isinstance(value, list) else [] if value is None else [value]:
+            if i not in ids:
+                ids.append(i)
+    return None if not ids else ids[0] if len(ids) == 1 else ids
+
+
 def model_config_from_hf(hf: Any, where: str = CONFIG) -> ModelConfig:
     """The truestep ModelConfig equivalent to an HF Llama config.json; InteropError listing every problem."""
     if not isinstance(hf, dict):

@@ -40,11 +40,16 @@ from truestep.checkpoint.weights_only import write_weights_checkpoint
 from truestep.core.fsio import OversizeFileError, UnsafePathError, plain_file_name, read_regular
 from truestep.data.errors import DataError
 from truestep.data.tokenizer import HFTokenizer
-from truestep.data.tokenizer_files import TOKENIZER_FILES, TOKENIZER_JSON
+from truestep.data.tokenizer_files import GENERATION_CONFIG, TOKENIZER_FILES, TOKENIZER_JSON
 from truestep.interop.errors import InteropError
-from truestep.interop.hf_config import ARCHITECTURE, CONFIG, model_config_from_hf, special_token_ids
+from truestep.interop.hf_config import (
+    ARCHITECTURE,
+    CONFIG,
+    merged_eos,
+    model_config_from_hf,
+    special_token_ids,
+)
 from truestep.interop.names import from_hf, to_hf
-from truestep.interop.tokenizer_export import GENERATION_CONFIG
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
@@ -257,15 +262,17 @@ class _TensorReader:
 
 
 def _special_tokens(hf: dict[str, Any], hf_dir: Path, vocab_size: int) -> dict[str, Any]:
-    """bos/eos/pad ids of config.json, completed from generation_config.json where config.json has none."""
+    """bos/eos/pad ids of config.json, completed from generation_config.json where config.json has none;
+    the eos ids of both, all of them (an Instruct model stops at several)."""
     found = special_token_ids(hf, vocab_size, str(hf_dir / CONFIG))
-    if any(value is None for value in found.values()):
-        extra = read_hf_json(hf_dir / GENERATION_CONFIG, required=False)
-        if extra is not None:
-            if not isinstance(extra, dict):
-                raise InteropError(f"{hf_dir / GENERATION_CONFIG} is not a JSON object")
-            more = special_token_ids(extra, vocab_size, str(hf_dir / GENERATION_CONFIG))
-            found = {key: found[key] if found[key] is not None else more[key] for key in found}
+    extra = read_hf_json(hf_dir / GENERATION_CONFIG, required=False)
+    if extra is not None:
+        if not isinstance(extra, dict):
+            raise InteropError(f"{hf_dir / GENERATION_CONFIG} is not a JSON object")
+        more = special_token_ids(extra, vocab_size, str(hf_dir / GENERATION_CONFIG))
+        eos = merged_eos(found["eos_token_id"], more["eos_token_id"])
+        found = {key: found[key] if found[key] is not None else more[key] for key in found}
+        found["eos_token_id"] = eos
     return found
 
 
