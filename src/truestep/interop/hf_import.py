@@ -22,6 +22,7 @@ import json
 import os
 import re
 import stat
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -212,9 +213,41 @@ FINITE_CHUNK = 1 << 24
 """Elements checked at once: the check's temporary is 16 MB, not as large as the tensor."""
 
 
-def _read_one(st: Any, path: Path, name: str) -> torch.Tensor:
-    with st.safe_open(str(path), framework="pt", device="cpu") as handle:
-        return handle.get_tensor(name)
+MAX_HEADER_BYTES = 100_000_000
+"""safetensors' own limit on a header."""
+
+
+def _data_start(path: Path) -> tuple[int, dict[str, Any]]:
+    """(where tensor data begins, the header) of a safetensors file whose header safetensors has already
+    validated (`_headers`: offsets within the file, no overlaps)."""
+    with open(path, "rb") as stream:
+        size = int.from_bytes(stream.read(8), "little")
+        if not 0 < size <= MAX_HEADER_BYTES:
+            raise InteropError(f"{path.name}: header size {size} out of range")
+        header = json.loads(stream.read(size))
+    return 8 + size, header
+
+
+def _read_one(path: Path, start: int, entry: dict[str, Any], meta: TensorMeta) -> torch.Tensor:
+    """One tensor read straight into its own memory with plain reads: no mapping of the file (whose
+    pages would count against the process too) and no intermediate copy. safetensors stores
+    little-endian, as every machine truestep runs on (checked at import)."""
+    if sys.byteorder != "little":
+        raise InteropError("importing safetensors needs a little-endian machine")
+    begin, end = entry["data_offsets"]
+    tensor = torch.empty(meta.shape, dtype=meta.dtype)
+    if end - begin != meta.nbytes:
+        raise InteropError(f"{path.name}: data of {end - begin} bytes for a {meta.nbytes}-byte tensor")
+    target = memoryview(tensor.reshape(-1).view(torch.uint8).numpy())
+    with open(path, "rb", buffering=0) as stream:
+        stream.seek(start + begin)
+        done = 0
+        while done < len(target):
+            got = stream.readinto(target[done:])
+            if not got:
+                raise InteropError(f"{path.name}: ends inside a tensor's data")
+            done += got
+    return tensor
 
 
 def _all_finite(tensor: torch.Tensor) -> bool:
@@ -226,11 +259,12 @@ def _all_finite(tensor: torch.Tensor) -> bool:
 
 class _TensorReader:
     """Produces one imported tensor at a time (truestep FQN -> tensor in the target dtype), for the
-    streaming checkpoint writer: the file is opened per tensor, so neither the model nor a whole shard
-    (nor its mapped pages) is ever held; each tensor must be finite."""
+    streaming checkpoint writer: neither the model nor a whole shard (nor mapped pages of it) is ever
+    held; each tensor must be finite."""
 
     def __init__(self, headers: dict[str, tuple[Path, str, TensorMeta]], dtype: torch.dtype | None) -> None:
-        self.where = {from_hf(name) or name: (path, name) for name, (path, _, _) in headers.items()}
+        self.where = {from_hf(name) or name: (path, name, meta) for name, (path, _, meta) in headers.items()}
+        self.files: dict[Path, tuple[int, dict[str, Any]]] = {}
         self.dtype = dtype
 
     def template(self, headers: dict[str, tuple[Path, str, TensorMeta]]) -> dict[str, torch.Tensor]:
@@ -241,10 +275,12 @@ class _TensorReader:
         }
 
     def __call__(self, fqn: str) -> torch.Tensor:
-        path, name = self.where[fqn]
-        st = safetensors_module()
+        path, name, meta = self.where[fqn]
         try:
-            tensor = _read_one(st, path, name)  # the file's mapping is gone once it returns
+            if path not in self.files:
+                self.files[path] = _data_start(path)
+            start, header = self.files[path]
+            tensor = _read_one(path, start, header[name], meta)
             if self.dtype is not None and tensor.dtype != self.dtype:
                 tensor = tensor.to(self.dtype)
             tensor = tensor.contiguous()
