@@ -126,3 +126,32 @@ def test_a_bad_dtype_is_a_usage_error(tmp_path: Path) -> None:
         interop_main, "import-hf", tmp_path / "hf", "--out", tmp_path / "c", "--dtype", "fp8"
     )
     assert rc == 2 and "invalid choice" in err
+
+
+def test_the_streaming_writer_lets_each_tensor_go_before_producing_the_next(tmp_path: Path) -> None:
+    """What keeps import's memory flat whatever the model size: when the writer asks for a tensor, none
+    it was given before the last one is still alive (DCP keeps a file's tensors until the file is closed,
+    so one file for all of them would hold the whole model; the last one is still bound in its loop)."""
+    import gc
+    import weakref
+
+    from truestep.checkpoint.weights_only import write_weights_checkpoint
+
+    model = Transformer(TIED)
+    model.init_weights(0)
+    real = {k: v.detach().clone() for k, v in model.state_dict().items() if k != "output.weight"}
+    given: list[weakref.ref] = []
+    alive_when_asked: list[str] = []
+
+    def produce(fqn: str) -> torch.Tensor:
+        gc.collect()
+        alive_when_asked.extend(fqn for ref in given[:-1] if ref() is not None)  # the last: DCP's locals
+        memory = real[fqn].numpy().copy()  # the storage's owner: a weakref to a tensor object would
+        given.append(weakref.ref(memory))  # not see the storage outlive it under another tensor object
+        return torch.from_numpy(memory)
+
+    templates = {k: torch.empty(v.shape, dtype=v.dtype, device="meta") for k, v in real.items()}
+    step = write_weights_checkpoint(tmp_path / "ckpt", templates, TIED, {"type": "test"}, produce=produce)
+    assert len(given) == len(real) and alive_when_asked == []
+    loaded = load_model_tensors(step, fqns=sorted(real))
+    assert all(torch.equal(bits(loaded[k]), bits(real[k])) for k in real)

@@ -27,7 +27,8 @@ from truestep.core.fsio import atomic_write, new_staging_dir, publish_dir
 
 class _StreamingPlanner(DefaultSavePlanner):
     """Plans from meta tensors and produces each tensor's data only when DCP writes it: DCP's CPU writer
-    resolves one item at a time, so at most one tensor of the model is in memory (issue 28)."""
+    resolves one item at a time and, with one file per tensor (`write_weights_checkpoint`), lets it go once
+    written, so at most one tensor of the model is in memory (issue 28)."""
 
     def __init__(self, produce: Callable[[str], torch.Tensor]) -> None:
         super().__init__()
@@ -72,7 +73,9 @@ def write_weights_checkpoint(
     staging = new_staging_dir(step_dir, "a checkpoint")
     try:
         with single_process():
-            writer = FileSystemWriter(staging, sync_files=True)
+            # One file per tensor when streaming: DCP's writer keeps every tensor it has written to a
+            # file until that file is closed, so one file per rank would hold the whole model.
+            writer = FileSystemWriter(staging, sync_files=True, single_file_per_rank=produce is None)
             planner = _StreamingPlanner(produce) if produce is not None else None
             try:
                 dcp.save({"model": tensors}, storage_writer=writer, planner=planner, no_dist=True)
