@@ -107,3 +107,34 @@ def test_transformers_reads_the_template_and_the_eos_list(source, tmp_path: Path
     assert text == "<s> user the cat <|eot_id|>"
     generation = transformers.GenerationConfig.from_pretrained(str(tmp_path / "out"))
     assert generation.eos_token_id == [2, eot] and generation.do_sample and generation.top_p == 0.9
+
+
+@pytest.mark.multiprocess
+def test_a_fine_tune_exports_them_and_generate_knows_the_eos_list(source, tmp_path: Path) -> None:
+    """HF -> import -> fine-tune on prepare-data output (a real single-process run) -> export: the
+    template, both eos ids, the sampling defaults and the special tokens map come back."""
+    from harness import launch
+    from truestep.checkpoint.catalog import step_dir_name
+
+    hf, step, eot = source
+    texts = write_corpus(tmp_path / "text", documents=20, words=100)
+    ok(prepare_data_main, *texts, "--out", tmp_path / "data", "--tokenizer", hf / "tokenizer.json")
+    run = tmp_path / "run"
+    launch(
+        run,
+        "--model.dim=16",
+        "--model.n_layers=1",
+        "--model.n_heads=2",
+        "--model.n_kv_heads=1",
+        "--model.vocab_size=32",
+        "--model.multiple_of=16",
+        f"--checkpoint.init_from={step}",
+        f"--data.path={tmp_path / 'data'}",
+        "--train.max_steps=2",
+        "--checkpoint.interval=0",
+        "--schedule.warmup_steps=1",
+    )
+    tuned = run / "checkpoints" / step_dir_name(2)
+    assert checkpoint_tokenizer(tuned).eos_ids() == [2, eot]  # what generate stops at
+    ok(interop_main, "export", tuned, "--to", "hf", tmp_path / "out")
+    check_export(tmp_path / "out", eot)
