@@ -39,6 +39,8 @@ _LLAMA3_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_p
 def _rope_entries(cfg: ModelConfig) -> dict[str, Any]:
     if cfg.rope_scaling == "none":
         return {"rope_type": "default"}
+    if cfg.rope_scaling == "linear":
+        return {"rope_type": "linear", "factor": cfg.rope_scaling_factor}
     return {
         "rope_type": "llama3",
         "factor": cfg.rope_scaling_factor,
@@ -139,9 +141,15 @@ def _scaling_fields(params: Any, where: str, problems: list[str]) -> dict[str, A
     kind = params.get("rope_type", params.get("type", "default"))
     if kind == "default":
         return {}
+    if kind == "linear":
+        if not _number(params.get("factor")) or params["factor"] < 1:
+            problems.append(f"{where}: linear RoPE scaling needs a numeric factor >= 1")
+            return {}
+        return {"rope_scaling": "linear", "rope_scaling_factor": float(params["factor"])}
     if kind != "llama3":
         problems.append(
-            f"{where}: rope_type={kind!r} is not supported; truestep implements plain RoPE and llama3 scaling"
+            f"{where}: rope_type={kind!r} is not supported; truestep implements plain RoPE, llama3 and "
+            "linear scaling"
         )
         return {}
     return _llama3_fields(params, where, problems)
