@@ -279,13 +279,15 @@ def test_malformed_config_json_is_one_line(text, why, hf_dir, tmp_path):
 
 def test_a_symlinked_hf_cache_layout_still_imports(hf_dir, tmp_path):
     """The Hugging Face cache keeps snapshot files as symlinks into its blob store, outside the snapshot
-    directory: names are confined, those links are followed (only for reading)."""
-    blobs = tmp_path / "blobs"
-    blobs.mkdir()
-    for name in ("config.json", "model.safetensors"):
-        (hf_dir / name).rename(blobs / name)
-        os.symlink(blobs / name, hf_dir / name)
-    rc, _, err = run_cli(interop_main, "import-hf", hf_dir, "--out", tmp_path / "ckpt")
+    directory (`../../blobs/<hash>`): names are confined, those links are followed (only for reading)."""
+    repo = tmp_path / "models--org--tiny"
+    (repo / "blobs").mkdir(parents=True)
+    snapshot = repo / "snapshots" / ("a" * 40)
+    snapshot.mkdir(parents=True)
+    for n, name in enumerate(("config.json", "model.safetensors")):
+        (hf_dir / name).rename(repo / "blobs" / f"blob{n}")
+        os.symlink(f"../../blobs/blob{n}", snapshot / name)
+    rc, _, err = run_cli(interop_main, "import-hf", snapshot, "--out", tmp_path / "ckpt")
     assert rc == 0, err
 
 

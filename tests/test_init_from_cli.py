@@ -76,3 +76,17 @@ def test_rope_scaling_differences_are_reported(ckpt) -> None:
         "model.rope_scaling_factor: 8.0 (checkpoint) -> 32.0 (configured)",
     ]
     assert json.dumps(facts)  # the event log can hold it
+
+
+def test_a_misfit_is_refused_before_the_model_is_built(ckpt, tmp_path: Path) -> None:
+    """A configured model of ~4 TiB: refused from the meta-device comparison, never allocated."""
+    huge = [
+        "--model.dim=1048576",
+        "--model.n_heads=1024",
+        "--model.n_kv_heads=512",
+        "--model.vocab_size=1048576",
+    ]
+    proc = _train(tmp_path / "run", f"--checkpoint.init_from={ckpt}", *huge)
+    assert proc.returncode == 3, proc.stderr
+    (line,) = proc.stderr.strip().splitlines()
+    assert "does not fit the configured model" in line and "model expects [1048576, 1048576]" in line

@@ -153,7 +153,14 @@ _DROP = object()
             {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2"},
             "unsupported architecture GPT2LMHeadModel",
         ),
-        ({"architectures": ["MistralForCausalLM"], "model_type": "mistral"}, "only LlamaForCausalLM"),
+        (  # Mistral v0.1: a sliding window shorter than the context
+            {"architectures": ["MistralForCausalLM"], "model_type": "mistral", "sliding_window": 16},
+            "sliding-window attention is not supported",
+        ),
+        (
+            {"architectures": ["MistralForCausalLM"], "model_type": "llama"},
+            "unsupported architecture Mistral",
+        ),
         (  # llama3 scaling is supported, but only with all four of its parameters
             {"rope_scaling": {"rope_type": "llama3", "factor": 8.0}, "rope_parameters": _DROP},
             "llama3 RoPE scaling needs numeric low_freq_factor, high_freq_factor",

@@ -19,13 +19,19 @@ from truestep.checkpoint.errors import CheckpointContentError, TensorMismatchErr
 from truestep.checkpoint.resolver import CheckpointNotFound, find_verified, find_verified_collective
 from truestep.checkpoint.safe_dcp import load_dcp
 from truestep.checkpoint.weights import (
+    TIED_EMBEDDING,
+    TIED_OUTPUT,
+    TensorMeta,
     WeightsError,
+    expected_shapes,
+    layer_count_problem,
     load_model_tensors,
     model_overrides,
     model_tensor_meta,
     problem_list,
     read_model_config,
     shape_problems,
+    with_tied_output,
 )
 from truestep.config.schema import ModelConfig
 from truestep.parallel.dist import DistContext
@@ -74,26 +80,20 @@ def load_init_weights(
         raise CheckpointNotFound(f"checkpoint.init_from={ckpt_dir}: {err}") from None
     meta = model_tensor_meta(path)
     saved_cfg = read_model_config(path)
-    problems = shape_problems(meta, {k: tuple(v.shape) for k, v in plain.items()})
     cfg = getattr(model, "cfg", None)
+    _refuse_unfit(path, meta, saved_cfg, {k: tuple(v.shape) for k, v in plain.items()}, cfg)
     differences = config_differences(saved_cfg, cfg) if isinstance(cfg, ModelConfig) else []
-    if isinstance(cfg, ModelConfig) and saved_cfg.tie_embeddings != cfg.tie_embeddings:
-        problems.append(
-            f"model.tie_embeddings: checkpoint {saved_cfg.tie_embeddings}, configured {cfg.tie_embeddings}"
-        )
-    if problems:
-        raise WeightsError(
-            f"checkpoint.init_from={path} does not fit the configured model: "
-            + problem_list(problems)
-            + ". The checkpoint's model config is: "
-            + " ".join(model_overrides(saved_cfg))
-        )
     if sharded:
         state = get_model_state_dict(model)
+        # A tied output weight stored once (as the embedding, by import-hf) is loaded through the embedding.
+        once = saved_cfg.tie_embeddings and TIED_OUTPUT not in meta and TIED_OUTPUT in state
+        targets = {k: v for k, v in state.items() if not (once and k == TIED_OUTPUT)}
         try:
-            load_dcp({"model": state}, path)
+            load_dcp({"model": targets}, path)
         except (CheckpointContentError, TensorMismatchError) as err:
             raise WeightsError(f"checkpoint.init_from={path}: {err}") from err
+        if once:
+            state[TIED_OUTPUT] = state[TIED_EMBEDDING]
         set_model_state_dict(model, state)
     else:
         load_model_tensors(path, into=plain)
@@ -105,6 +105,58 @@ def load_init_weights(
         "config_differences": differences,
         "checksums": checksums,
     }
+
+
+def precheck_init_from(ckpt_dir: str | Path, cfg: ModelConfig) -> Path:
+    """Refuse an `init_from` checkpoint that cannot fit `cfg` *before* the model is built.
+
+    Reads only the checkpoint's DCP metadata and recorded config (sizes verified, not checksums: the
+    collective load verifies them later) and compares shapes computed on the meta device
+    (`expected_shapes`, one layer built whatever `n_layers` says), so a mismatch against an 8B or 70B
+    preset is a one-line refusal naming the differing keys, not 32-280 GB allocated first.
+    Rank-local and read-only; every rank reaches the same answer from the same files.
+    Returns the step directory it checked.
+    """
+    try:
+        path = find_verified(Path(ckpt_dir), checksums=False)
+    except CheckpointNotFound as err:
+        raise CheckpointNotFound(f"checkpoint.init_from={ckpt_dir}: {err}") from None
+    meta = model_tensor_meta(path)
+    saved_cfg = read_model_config(path)
+    layers = layer_count_problem(meta, cfg.n_layers, "checkpoint", "the configured model has")
+    if layers:  # before expected_shapes: a wrong layer count is named without listing every key
+        _refuse(path, [layers], saved_cfg)
+    try:
+        expected = expected_shapes(cfg)
+    except WeightsError as err:
+        raise WeightsError(f"checkpoint.init_from={path}: {err}") from None
+    _refuse_unfit(path, meta, saved_cfg, expected, cfg)
+    return path
+
+
+def _refuse_unfit(
+    path: Path,
+    meta: dict[str, TensorMeta],
+    saved_cfg: ModelConfig,
+    expected: dict[str, tuple[int, ...]],
+    cfg: object,
+) -> None:
+    problems = shape_problems(with_tied_output(meta, saved_cfg.tie_embeddings), expected)
+    if isinstance(cfg, ModelConfig) and saved_cfg.tie_embeddings != cfg.tie_embeddings:
+        problems.append(
+            f"model.tie_embeddings: checkpoint {saved_cfg.tie_embeddings}, configured {cfg.tie_embeddings}"
+        )
+    if problems:
+        _refuse(path, problems, saved_cfg)
+
+
+def _refuse(path: Path, problems: list[str], saved_cfg: ModelConfig) -> None:
+    raise WeightsError(
+        f"checkpoint.init_from={path} does not fit the configured model: "
+        + problem_list(problems)
+        + ". The checkpoint's model config is: "
+        + " ".join(model_overrides(saved_cfg))
+    )
 
 
 def config_differences(saved: ModelConfig, current: ModelConfig) -> list[str]:

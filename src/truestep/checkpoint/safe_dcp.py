@@ -248,10 +248,10 @@ def load_dcp(state: dict[str, Any], ckpt_dir: Path, no_dist: bool = False) -> No
                 no_dist=no_dist,
             )
     except CheckpointException as err:
-        inner = [c for c in causes(err) if not isinstance(c, CheckpointException)]
-        chosen = next(
-            (c for c in inner if isinstance(c, TruestepError | OSError)), inner[0] if inner else None
-        )
-        if chosen is None:
-            raise
-        raise chosen from err
+        raise dcp_failure(err) from err
+
+
+def dcp_failure(err: CheckpointException) -> BaseException:
+    """The failure inside DCP's CheckpointException: a TruestepError or OSError first, else the first."""
+    inner = [c for c in causes(err) if not isinstance(c, CheckpointException)]
+    return next((c for c in inner if isinstance(c, TruestepError | OSError)), inner[0] if inner else err)

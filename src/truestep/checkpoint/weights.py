@@ -40,6 +40,8 @@ WEIGHTS_INFO_FILE = "interop.json"
 the weights came from and the model config they fit (flat `model.*` keys, as in `config_keys`)."""
 WEIGHTS_INFO_FORMAT = "truestep-interop"
 MODEL_PREFIX = "model."
+TIED_OUTPUT, TIED_EMBEDDING = "output.weight", "tok_embeddings.weight"
+"""With `model.tie_embeddings` the output projection is the embedding: one tensor, stored once."""
 
 
 class WeightsError(RefusedError):
@@ -143,22 +145,58 @@ def load_model_tensors(
 ) -> dict[str, torch.Tensor]:
     """Full CPU tensors (stored dtype) for `fqns` (default: every model tensor).
 
-    With `into`, DCP copies straight into those tensors (e.g. a model's own parameters) instead.
+    With `into`, DCP copies straight into those tensors (e.g. a model's own parameters) instead. A tied
+    output weight the checkpoint stores only as the embedding (`import-hf` stores it once) is the
+    embedding's tensor: it shares the model's storage already, or is returned as the same tensor.
     """
+    stored = model_tensor_meta(ckpt_dir)
     if into is None:
-        meta = meta if meta is not None else model_tensor_meta(ckpt_dir)
+        meta = meta if meta is not None else stored
         wanted = list(meta) if fqns is None else fqns
-        into = allocate(meta, wanted, ckpt_dir)
-    if into:
-        try:
-            load_dcp({"model": into}, ckpt_dir, no_dist=True)
-        except CheckpointContentError as err:
-            raise WeightsError(f"{ckpt_dir}: {err}") from err
-        except RefusedError:
-            raise
-        except (RuntimeError, ValueError, KeyError) as err:  # e.g. a key the metadata does not hold
-            raise WeightsError(f"{ckpt_dir}: the weights do not load: {type(err).__name__}: {err}") from err
+        aliased = TIED_OUTPUT in wanted and TIED_OUTPUT not in stored and TIED_EMBEDDING in stored
+        reads = [f for f in wanted if f != TIED_OUTPUT or not aliased] + ([TIED_EMBEDDING] if aliased else [])
+        into = allocate({**meta, **stored}, list(dict.fromkeys(reads)), ckpt_dir)
+        _load_into(ckpt_dir, into)
+        if aliased:
+            into[TIED_OUTPUT] = into[TIED_EMBEDDING]
+            if TIED_EMBEDDING not in wanted:
+                del into[TIED_EMBEDDING]
+        return into
+    targets = dict(into)
+    if TIED_OUTPUT not in stored and _shares_storage(into.get(TIED_OUTPUT), into.get(TIED_EMBEDDING)):
+        del targets[TIED_OUTPUT]  # filled through the embedding it is tied to
+    _load_into(ckpt_dir, targets)
     return into
+
+
+def _load_into(ckpt_dir: Path, into: dict[str, torch.Tensor]) -> None:
+    if not into:
+        return
+    try:
+        load_dcp({"model": into}, ckpt_dir, no_dist=True)
+    except CheckpointContentError as err:
+        raise WeightsError(f"{ckpt_dir}: {err}") from err
+    except RefusedError:
+        raise
+    except (RuntimeError, ValueError, KeyError) as err:  # e.g. a key the metadata does not hold
+        raise WeightsError(f"{ckpt_dir}: the weights do not load: {type(err).__name__}: {err}") from err
+
+
+def _shares_storage(a: torch.Tensor | None, b: torch.Tensor | None) -> bool:
+    if a is None or b is None:
+        return False
+    if a is b:
+        return True
+    local = [t.to_local() if hasattr(t, "to_local") else t for t in (a, b)]
+    return local[0].untyped_storage().data_ptr() == local[1].untyped_storage().data_ptr()
+
+
+def with_tied_output(meta: dict[str, TensorMeta], tied: bool) -> dict[str, TensorMeta]:
+    """The stored tensors as the model sees them: a tied model's output weight, stored once as the
+    embedding, is the embedding."""
+    if tied and TIED_OUTPUT not in meta and TIED_EMBEDDING in meta:
+        return {**meta, TIED_OUTPUT: meta[TIED_EMBEDDING]}
+    return meta
 
 
 def allocate(meta: dict[str, TensorMeta], fqns: list[str], where: Path) -> dict[str, torch.Tensor]:
@@ -246,6 +284,7 @@ def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
 
 
 def check_config_fits(ckpt_dir: Path, cfg: ModelConfig, meta: dict[str, TensorMeta]) -> None:
+    meta = with_tied_output(meta, cfg.tie_embeddings)
     layers = layer_count_problem(meta, cfg.n_layers)
     problems = [layers] if layers else shape_problems(meta, expected_shapes(cfg))
     if problems:

@@ -18,8 +18,10 @@ USAGE = """usage:
   truestep export CKPT --to hf OUT_DIR [--dtype fp32|bf16|fp16] [--max-shard-size 5GB]
                   [--data DIR | --no-tokenizer] [--no-checksums]
   truestep export CKPT --to torch FILE [--dtype fp32|bf16|fp16] [--no-checksums]
-  truestep import-hf HF_DIR --out CKPT_DIR
+  truestep import-hf HF_DIR|models--ORG--NAME|ORG/NAME --out CKPT_DIR [--dtype bf16|fp32]
+                     [--revision REV] [--cache-dir DIR]
 """
+IMPORT_DTYPES = ("bf16", "fp32")
 
 
 def _export_parser() -> argparse.ArgumentParser:
@@ -69,12 +71,35 @@ def _import_parser() -> argparse.ArgumentParser:
         description="Turn a Hugging Face LlamaForCausalLM directory (safetensors) into a weights-only truestep "
         "checkpoint that a fresh run starts from with --checkpoint.init_from=CKPT_DIR.",
     )
-    parser.add_argument("hf_dir", type=Path, help="directory with config.json and *.safetensors")
+    parser.add_argument(
+        "hf_dir",
+        help="directory with config.json and *.safetensors, a Hugging Face cache folder models--org--name, "
+        "or a repo id org/name looked up in the cache (offline)",
+    )
+    parser.add_argument(
+        "--revision",
+        default=None,
+        help="cache: the snapshot to import (a branch or tag in refs/, or a commit; default: refs/main, "
+        "else the only or newest snapshot)",
+    )
+    parser.add_argument(
+        "--cache-dir",
+        type=Path,
+        default=None,
+        help="cache: the hub cache root for a repo id (default: HF_HUB_CACHE, HF_HOME/hub, ~/.cache/huggingface/hub)",
+    )
     parser.add_argument(
         "--out",
         required=True,
         type=Path,
         help="checkpoint root (step_00000000/ is created in it) or a step_XXXXXXXX directory; must be new or empty",
+    )
+    parser.add_argument(
+        "--dtype",
+        default=None,
+        choices=IMPORT_DTYPES,
+        help="dtype the weights are stored in (default: as the source stores them; training casts them to "
+        "its fp32 master weights either way)",
     )
     return parser
 
@@ -116,9 +141,16 @@ def _import(argv: list[str]) -> int:
     from truestep.interop.hf import describe_model, import_hf
 
     args = _import_parser().parse_args(argv)
-    info = import_hf(args.hf_dir, args.out)
+    from truestep.interop.hf_cache import resolve_model_dir
+
+    hf_dir, picked = resolve_model_dir(args.hf_dir, args.revision, args.cache_dir)
+    if picked is not None:
+        print(f"{args.hf_dir}: {picked}")
+    dtype = EXPORT_DTYPES[args.dtype] if args.dtype else None
+    info = import_hf(hf_dir, args.out, dtype=dtype)
     print(f"imported {info['hf_dir']} -> {info['checkpoint']}: {describe_model(info['model'])}")
-    print(f"source dtypes: {', '.join(info['source_dtypes'])} (stored as float32)")
+    stored = str(dtype).removeprefix("torch.") if dtype is not None else "as the source"
+    print(f"source dtypes: {', '.join(info['source_dtypes'])} (stored {stored})")
     ids = ", ".join(f"{key}={value}" for key, value in info["special_tokens"].items())
     print(f"tokenizer: {', '.join(info['tokenizer_files']) or 'none in the source directory'}; {ids}")
     print("start a run from it with these model settings:")

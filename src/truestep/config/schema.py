@@ -36,10 +36,13 @@ class ModelConfig:
     rope_theta: float = 500000.0
     """RoPE base frequency (positive)."""
     rope_scaling: str = "none"
-    """RoPE frequency scaling: none, or llama3 (Llama 3.1/3.2 long context: low frequencies divided by
-    `rope_scaling_factor`, high ones kept, a smooth blend between; set by the `rope_*` keys below)."""
+    """RoPE frequency scaling: none; llama3 (Llama 3.1/3.2 long context: low frequencies divided by
+    `rope_scaling_factor`, high ones kept, a smooth blend between; set by the `rope_*` keys below); or
+    linear (every frequency divided by `rope_scaling_factor`, i.e. positions interpolated: Hugging Face
+    `rope_type: linear`)."""
     rope_scaling_factor: float = 8.0
-    """llama3 scaling: divisor of the low frequencies (Llama 3.1: 8, Llama 3.2: 32)."""
+    """llama3 scaling: divisor of the low frequencies (Llama 3.1: 8, Llama 3.2: 32); linear scaling: divisor
+    of every frequency."""
     rope_low_freq_factor: float = 1.0
     """llama3 scaling: wavelengths above rope_original_max_seq_len / this are divided by the factor."""
     rope_high_freq_factor: float = 4.0

@@ -220,22 +220,26 @@ _ROPE_SCALING_KEYS = (
 
 def _validate_rope_scaling(m: ModelConfig) -> None:
     _require(
-        m.rope_scaling in ("none", "llama3"),
-        f"model.rope_scaling must be none|llama3, got {m.rope_scaling!r}",
+        m.rope_scaling in ("none", "llama3", "linear"),
+        f"model.rope_scaling must be none|llama3|linear, got {m.rope_scaling!r}",
     )
-    if m.rope_scaling == "none":
+    if m.rope_scaling in ("none", "linear"):
         defaults = ModelConfig()
-        for key in _ROPE_SCALING_KEYS:
+        unused = _ROPE_SCALING_KEYS if m.rope_scaling == "none" else _ROPE_SCALING_KEYS[1:]
+        for key in unused:
             _require(
                 getattr(m, key) == getattr(defaults, key),
-                f"model.{key}={getattr(m, key)} has no effect while model.rope_scaling='none'; "
+                f"model.{key}={getattr(m, key)} has no effect while model.rope_scaling={m.rope_scaling!r}; "
                 "set model.rope_scaling=llama3 or leave it at its default",
             )
+    if m.rope_scaling == "none":
         return
     _require(
         m.rope_scaling_factor >= 1.0,
         f"model.rope_scaling_factor must be >= 1 (Llama 3.1: 8, Llama 3.2: 32), got {m.rope_scaling_factor}",
     )
+    if m.rope_scaling == "linear":
+        return
     _require(
         0 < m.rope_low_freq_factor < m.rope_high_freq_factor,
         f"model.rope_low_freq_factor={m.rope_low_freq_factor} must be positive and below "

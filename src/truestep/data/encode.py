@@ -16,6 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from truestep.data.errors import DataError
+from truestep.data.native import native_calls
 from truestep.data.readers import ARROW, DOCS, LINES, PROBLEM, Chunk
 
 BAD_CLASSES = (
@@ -86,7 +88,11 @@ class Encoder:
                     result.examples.append(item.message)
             else:
                 texts.append(item)
-        result.tokens = self._tokens(texts)
+        try:  # a panic cannot be pickled back from a worker: it is returned as this chunk's error
+            with native_calls(f"{chunk.where}: tokenizing"):
+                result.tokens = self._tokens(texts)
+        except DataError as err:
+            return ChunkResult(result.tokens, error=str(err))
         result.documents = len(texts)
         return result
 

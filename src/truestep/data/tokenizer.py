@@ -9,6 +9,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from truestep.data.errors import DataError
+from truestep.data.native import native_calls
 
 # Names tried, in order, when a HF tokenizer is loaded without an explicit --eos-token. They cover
 # Llama 3, Llama 2 / Mistral / T5, GPT-2 / NeoX and Gemma style vocabularies.
@@ -121,11 +122,13 @@ class HFTokenizer:
         and document boundaries are marked by the EOS that `prepare_data` appends instead. A prompt for
         generation wants them (True), as `transformers`' tokenizer(text) adds them.
         """
-        return list(self._tok.encode(text, add_special_tokens=add_special_tokens).ids)
+        with native_calls(f"encoding with {self.path}"):
+            return list(self._tok.encode(text, add_special_tokens=add_special_tokens).ids)
 
     def decode(self, ids: list[int]) -> str:
         """Text of `ids`, special tokens included as their text."""
-        return str(self._tok.decode([int(i) for i in ids], skip_special_tokens=False))
+        with native_calls(f"decoding with {self.path}"):
+            return str(self._tok.decode([int(i) for i in ids], skip_special_tokens=False))
 
     def encode_array(self, text: str) -> np.ndarray:
         """Same ids as `encode`, as an int64 numpy array."""

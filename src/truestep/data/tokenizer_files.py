@@ -19,8 +19,13 @@ from truestep.data.tokenizer import TOKENIZER_CONFIG, ByteTokenizer, HFTokenizer
 
 TOKENIZER_JSON = "tokenizer.json"
 SPECIAL_TOKENS_MAP = "special_tokens_map.json"
-TOKENIZER_FILES = (TOKENIZER_JSON, TOKENIZER_CONFIG, SPECIAL_TOKENS_MAP)
-"""Everything `prepare-data` copies (the first always, the others when they sit beside it)."""
+CHAT_TEMPLATE = "chat_template.jinja"
+"""Where transformers 5 keeps the chat template (older versions: `chat_template` in tokenizer_config.json)."""
+GENERATION_CONFIG = "generation_config.json"
+"""The model's generation defaults and its full eos list (an Instruct model stops at several ids)."""
+TOKENIZER_FILES = (TOKENIZER_JSON, TOKENIZER_CONFIG, SPECIAL_TOKENS_MAP, CHAT_TEMPLATE, GENERATION_CONFIG)
+"""Everything `prepare-data` copies (the first always, the others when they sit beside it), `import-hf`
+keeps and `export` gives back: what makes a model usable travels with its tokenizer."""
 BYTE_EOS_TOKEN = "<|end_of_text|>"
 
 

@@ -30,6 +30,7 @@ from truestep.checkpoint.weights import (
 )
 from truestep.config.schema import ModelConfig
 from truestep.core.fsio import atomic_write, new_staging_dir, publish_dir
+from truestep.data.tokenizer_files import GENERATION_CONFIG
 from truestep.interop.dtypes import cast_for_export, dtype_name
 from truestep.interop.errors import InteropError
 from truestep.interop.hf_config import CONFIG, ffn_rule_for, hf_config, model_config_from_hf
@@ -42,7 +43,6 @@ from truestep.interop.hf_import import (
 )
 from truestep.interop.names import sort_key, to_hf
 from truestep.interop.tokenizer_export import (
-    GENERATION_CONFIG,
     check_tokenizer_fits,
     checkpoint_tokenizer,
     generation_config,
@@ -117,8 +117,9 @@ def export_hf(
     """Consolidate a verified truestep checkpoint (any layout) into an HF Llama directory.
 
     Weights are written in `dtype`; the tokenizer (see `tokenizer_export`) and its special-token ids go
-    into the directory too unless `with_tokenizer` is False. Reads one output shard's tensors at a time,
-    so peak memory is about one shard, not the model.
+    into the directory too unless `with_tokenizer` is False. Reads one stored tensor at a time and keeps
+    only its cast copy until its shard is written, so peak memory is about one output shard plus one
+    stored tensor, not the model.
     """
     st = safetensors_module()
     max_bytes = parse_size(max_shard_size)
@@ -143,14 +144,17 @@ def export_hf(
         )
         weight_map: dict[str, str] = {}
         for shard, name in zip(shards, names, strict=True):
-            loaded = load_model_tensors(ckpt_dir, shard.fqns, meta)
-            tensors = {to_hf(fqn): cast_for_export(t, dtype, fqn) for fqn, t in loaded.items()}
+            tensors = {}
+            for fqn in shard.fqns:  # one stored tensor at a time: peak ~ this shard + one tensor
+                loaded = load_model_tensors(ckpt_dir, [fqn], meta)[fqn]
+                tensors[to_hf(fqn)] = cast_for_export(loaded, dtype, fqn)
+                del loaded
             try:
                 st.torch.save_file(tensors, str(staging / name), metadata={"format": "pt"})
             except Exception as err:  # SafetensorError: "I/O error: No space left on device (os error 28)"
                 raise safetensors_failure(err, out_dir / name, "writing failed") from err
             weight_map.update(dict.fromkeys(tensors, name))
-            del loaded, tensors
+            del tensors
         total = sum(s.nbytes for s in shards)
         if len(shards) > 1:
             index = {"metadata": {"total_size": total}, "weight_map": weight_map}

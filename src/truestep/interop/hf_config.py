@@ -16,6 +16,10 @@ from truestep.model.llama import ffn_hidden_dim
 from truestep.model.rope import head_dim
 
 ARCHITECTURE = "LlamaForCausalLM"
+MISTRAL = "MistralForCausalLM"
+FAMILIES = {"llama": (ARCHITECTURE, "llama"), "mistral": (MISTRAL, "mistral")}
+"""Architectures that compute exactly what truestep's Llama computes (Mistral: when no sliding window
+binds); exports are written as LlamaForCausalLM, the same function."""
 CONFIG = "config.json"
 SPECIAL_TOKEN_KEYS = ("bos_token_id", "eos_token_id", "pad_token_id")
 
@@ -35,6 +39,8 @@ _LLAMA3_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_p
 def _rope_entries(cfg: ModelConfig) -> dict[str, Any]:
     if cfg.rope_scaling == "none":
         return {"rope_type": "default"}
+    if cfg.rope_scaling == "linear":
+        return {"rope_type": "linear", "factor": cfg.rope_scaling_factor}
     return {
         "rope_type": "llama3",
         "factor": cfg.rope_scaling_factor,
@@ -135,9 +141,15 @@ def _scaling_fields(params: Any, where: str, problems: list[str]) -> dict[str, A
     kind = params.get("rope_type", params.get("type", "default"))
     if kind == "default":
         return {}
+    if kind == "linear":
+        if not _number(params.get("factor")) or params["factor"] < 1:
+            problems.append(f"{where}: linear RoPE scaling needs a numeric factor >= 1")
+            return {}
+        return {"rope_scaling": "linear", "rope_scaling_factor": float(params["factor"])}
     if kind != "llama3":
         problems.append(
-            f"{where}: rope_type={kind!r} is not supported; truestep implements plain RoPE and llama3 scaling"
+            f"{where}: rope_type={kind!r} is not supported; truestep implements plain RoPE, llama3 and "
+            "linear scaling"
         )
         return {}
     return _llama3_fields(params, where, problems)
@@ -201,19 +213,50 @@ def special_token_ids(hf: dict[str, Any], vocab_size: int, where: str) -> dict[s
     return found
 
 
+def _mistral_window(hf: dict[str, Any], problems: list[str]) -> None:
+    """Mistral is Llama plus a sliding attention window; without one (v0.3) or with one no shorter than
+    the context (it never binds), it is Llama."""
+    window = hf.get("sliding_window")
+    context = hf.get("max_position_embeddings") or HF_DEFAULTS["max_position_embeddings"]
+    if window is None or (isinstance(window, int) and not isinstance(window, bool) and window >= context):
+        return
+    problems.append(
+        f"sliding_window={window!r:.20} is shorter than max_position_embeddings={context!r:.20}: sliding-window "
+        "attention is not supported (Mistral v0.1); Mistral v0.3 (sliding_window null) imports"
+    )
+
+
+def merged_eos(first: int | list[int] | None, second: int | list[int] | None) -> int | list[int] | None:
+    """Every eos id of both, `first`'s first, each once; one id stays an int (as transformers writes it)."""
+    ids: list[int] = []
+    for value in (first, second):
+        for i in value if isinstance(value, list) else [] if value is None else [value]:
+            if i not in ids:
+                ids.append(i)
+    return None if not ids else ids[0] if len(ids) == 1 else ids
+
+
 def model_config_from_hf(hf: Any, where: str = CONFIG) -> ModelConfig:
     """The truestep ModelConfig equivalent to an HF Llama config.json; InteropError listing every problem."""
     if not isinstance(hf, dict):
         raise InteropError(f"{where} is not a JSON object")
     archs = hf.get("architectures") or []
     model_type = hf.get("model_type")
-    known = archs == [ARCHITECTURE] or (not archs and model_type == "llama")
-    if not known or model_type not in (None, "llama"):
+    family = next((f for f, (arch, kind) in FAMILIES.items() if model_type == kind or archs == [arch]), None)
+    known = (
+        family is not None
+        and archs in ([], [FAMILIES[family][0]])
+        and model_type in (None, FAMILIES[family][1])
+    )
+    if not known:
         found = ", ".join(map(str, archs)) or f"model_type={model_type!r}"
         raise InteropError(
-            f"{where}: unsupported architecture {found}; only {ARCHITECTURE} (model_type 'llama') is supported"
+            f"{where}: unsupported architecture {found}; only {ARCHITECTURE} (model_type 'llama') and "
+            f"{MISTRAL} without a binding sliding window are supported"
         )
     problems: list[str] = []
+    if family == "mistral":
+        _mistral_window(hf, problems)
     required = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
     missing = [
         key

@@ -22,6 +22,7 @@ import json
 import os
 import re
 import stat
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -40,11 +41,16 @@ from truestep.checkpoint.weights_only import write_weights_checkpoint
 from truestep.core.fsio import OversizeFileError, UnsafePathError, plain_file_name, read_regular
 from truestep.data.errors import DataError
 from truestep.data.tokenizer import HFTokenizer
-from truestep.data.tokenizer_files import TOKENIZER_FILES, TOKENIZER_JSON
+from truestep.data.tokenizer_files import GENERATION_CONFIG, TOKENIZER_FILES, TOKENIZER_JSON
 from truestep.interop.errors import InteropError
-from truestep.interop.hf_config import ARCHITECTURE, CONFIG, model_config_from_hf, special_token_ids
+from truestep.interop.hf_config import (
+    ARCHITECTURE,
+    CONFIG,
+    merged_eos,
+    model_config_from_hf,
+    special_token_ids,
+)
 from truestep.interop.names import from_hf, to_hf
-from truestep.interop.tokenizer_export import GENERATION_CONFIG
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
@@ -74,10 +80,34 @@ def safetensors_failure(err: Exception, path: Path, doing: str) -> Exception:
     return InteropError(f"{path}: {doing}: {err}")
 
 
+def _link_roots(hf_dir: Path) -> list[Path]:
+    real = hf_dir.resolve()
+    roots = [real]
+    if real.parent.name == "snapshots":  # a Hugging Face cache snapshot: its files link into ../../blobs
+        roots.append(real.parent.parent / "blobs")
+    return roots
+
+
+def confined(path: Path) -> Path:
+    """`path`, a file of an HF directory, with a symlink resolved only when it stays inside the directory
+    (or, for a Hugging Face cache snapshot, inside that repository's `blobs/`): a link a git clone
+    carries to `~/.ssh/...` or `/etc/...` is refused, never read or copied into a checkpoint."""
+    if not os.path.islink(path):
+        return path
+    target = path.resolve()
+    if not any(target.is_relative_to(root) for root in _link_roots(path.parent)):
+        raise InteropError(
+            f"{path} is a symlink to {target}, outside {path.parent}: refusing to follow it "
+            "(copy the file into the directory if it belongs there)"
+        )
+    return target
+
+
 def read_hf_json(path: Path, required: bool = True) -> Any:
-    """A JSON file of an HF directory (symlinks followed, as in the HF cache; never a FIFO; bounded)."""
+    """A JSON file of an HF directory (symlinks followed only within it, as in the HF cache; never a
+    FIFO; bounded)."""
     try:
-        data = read_regular(path, MAX_JSON_BYTES, follow_symlinks=True)
+        data = read_regular(confined(path), MAX_JSON_BYTES, follow_symlinks=False)
     except FileNotFoundError:
         if required:
             raise InteropError(f"{path.parent}: no {path.name}; not a Hugging Face model directory") from None
@@ -91,8 +121,10 @@ def read_hf_json(path: Path, required: bool = True) -> Any:
 
 
 def _regular(path: Path, why: str) -> Path:
+    """`path` (its name kept: the index names it), a regular file or a link within its directory (see
+    `confined`)."""
     try:
-        mode = os.stat(path).st_mode
+        mode = os.stat(confined(path)).st_mode
     except FileNotFoundError:
         raise InteropError(f"{why} names {path.name}, which does not exist") from None
     if not stat.S_ISREG(mode):
@@ -177,44 +209,106 @@ def _headers(
     return found, unknown
 
 
-def _read_tensors(headers: dict[str, tuple[Path, str, TensorMeta]]) -> dict[str, torch.Tensor]:
-    """truestep FQN -> fp32 tensor, read one at a time; refuses a non-finite value."""
-    st = safetensors_module()
-    by_file: dict[Path, list[str]] = {}
-    for name, (path, _, _) in headers.items():
-        by_file.setdefault(path, []).append(name)
-    state: dict[str, torch.Tensor] = {}
-    for path, names in by_file.items():
+FINITE_CHUNK = 1 << 24
+"""Elements checked at once: the check's temporary is 16 MB, not as large as the tensor."""
+
+
+MAX_HEADER_BYTES = 100_000_000
+"""safetensors' own limit on a header."""
+
+
+def _data_start(path: Path) -> tuple[int, dict[str, Any]]:
+    """(where tensor data begins, the header) of a safetensors file whose header safetensors has already
+    validated (`_headers`: offsets within the file, no overlaps)."""
+    with open(path, "rb") as stream:
+        size = int.from_bytes(stream.read(8), "little")
+        if not 0 < size <= MAX_HEADER_BYTES:
+            raise InteropError(f"{path.name}: header size {size} out of range")
+        header = json.loads(stream.read(size))
+    return 8 + size, header
+
+
+def _read_one(path: Path, start: int, entry: dict[str, Any], meta: TensorMeta) -> torch.Tensor:
+    """One tensor read straight into its own memory with plain reads: no mapping of the file (whose
+    pages would count against the process too) and no intermediate copy. safetensors stores
+    little-endian, as every machine truestep runs on (checked at import)."""
+    if sys.byteorder != "little":
+        raise InteropError("importing safetensors needs a little-endian machine")
+    begin, end = entry["data_offsets"]
+    tensor = torch.empty(meta.shape, dtype=meta.dtype)
+    if end - begin != meta.nbytes:
+        raise InteropError(f"{path.name}: data of {end - begin} bytes for a {meta.nbytes}-byte tensor")
+    target = memoryview(tensor.reshape(-1).view(torch.uint8).numpy())
+    with open(path, "rb", buffering=0) as stream:
+        stream.seek(start + begin)
+        done = 0
+        while done < len(target):
+            got = stream.readinto(target[done:])
+            if not got:
+                raise InteropError(f"{path.name}: ends inside a tensor's data")
+            done += got
+    return tensor
+
+
+def _all_finite(tensor: torch.Tensor) -> bool:
+    flat = tensor.reshape(-1)
+    return all(
+        bool(torch.isfinite(flat[i : i + FINITE_CHUNK]).all()) for i in range(0, flat.numel(), FINITE_CHUNK)
+    )
+
+
+class _TensorReader:
+    """Produces one imported tensor at a time (truestep FQN -> tensor in the target dtype), for the
+    streaming checkpoint writer: neither the model nor a whole shard (nor mapped pages of it) is ever
+    held; each tensor must be finite."""
+
+    def __init__(self, headers: dict[str, tuple[Path, str, TensorMeta]], dtype: torch.dtype | None) -> None:
+        self.where = {from_hf(name) or name: (path, name, meta) for name, (path, _, meta) in headers.items()}
+        self.files: dict[Path, tuple[int, dict[str, Any]]] = {}
+        self.dtype = dtype
+
+    def template(self, headers: dict[str, tuple[Path, str, TensorMeta]]) -> dict[str, torch.Tensor]:
+        """Meta-device tensors with each imported tensor's shape and target dtype."""
+        return {
+            from_hf(name) or name: torch.empty(meta.shape, dtype=self.dtype or meta.dtype, device="meta")
+            for name, (_, _, meta) in headers.items()
+        }
+
+    def __call__(self, fqn: str) -> torch.Tensor:
+        path, name, meta = self.where[fqn]
         try:
-            with st.safe_open(str(path), framework="pt", device="cpu") as handle:
-                for name in names:
-                    tensor = handle.get_tensor(name).to(torch.float32).contiguous()
-                    if not bool(torch.isfinite(tensor).all()):
-                        raise InteropError(
-                            f"{path.name}: {name} holds NaN or infinite values; refusing to import it"
-                        )
-                    state[from_hf(name) or name] = tensor
+            if path not in self.files:
+                self.files[path] = _data_start(path)
+            start, header = self.files[path]
+            tensor = _read_one(path, start, header[name], meta)
+            if self.dtype is not None and tensor.dtype != self.dtype:
+                tensor = tensor.to(self.dtype)
+            tensor = tensor.contiguous()
+            if not _all_finite(tensor):
+                raise InteropError(f"{path.name}: {name} holds NaN or infinite values; refusing to import it")
+            return tensor
         except InteropError:
             raise
         except (RuntimeError, MemoryError) as err:
             if "allocate" in str(err) or isinstance(err, MemoryError):
-                raise InteropError(f"{path}: not enough memory to read its tensors: {err}") from err
+                raise InteropError(f"{path}: not enough memory to read {name}: {err}") from err
             raise safetensors_failure(err, path, "tensor data does not load") from err
         except Exception as err:  # SafetensorError, OSError
             raise safetensors_failure(err, path, "tensor data does not load") from err
-    return state
 
 
 def _special_tokens(hf: dict[str, Any], hf_dir: Path, vocab_size: int) -> dict[str, Any]:
-    """bos/eos/pad ids of config.json, completed from generation_config.json where config.json has none."""
+    """bos/eos/pad ids of config.json, completed from generation_config.json where config.json has none;
+    the eos ids of both, all of them (an Instruct model stops at several)."""
     found = special_token_ids(hf, vocab_size, str(hf_dir / CONFIG))
-    if any(value is None for value in found.values()):
-        extra = read_hf_json(hf_dir / GENERATION_CONFIG, required=False)
-        if extra is not None:
-            if not isinstance(extra, dict):
-                raise InteropError(f"{hf_dir / GENERATION_CONFIG} is not a JSON object")
-            more = special_token_ids(extra, vocab_size, str(hf_dir / GENERATION_CONFIG))
-            found = {key: found[key] if found[key] is not None else more[key] for key in found}
+    extra = read_hf_json(hf_dir / GENERATION_CONFIG, required=False)
+    if extra is not None:
+        if not isinstance(extra, dict):
+            raise InteropError(f"{hf_dir / GENERATION_CONFIG} is not a JSON object")
+        more = special_token_ids(extra, vocab_size, str(hf_dir / GENERATION_CONFIG))
+        eos = merged_eos(found["eos_token_id"], more["eos_token_id"])
+        found = {key: found[key] if found[key] is not None else more[key] for key in found}
+        found["eos_token_id"] = eos
     return found
 
 
@@ -227,7 +321,7 @@ def _tokenizer_files(hf_dir: Path, special: dict[str, Any]) -> dict[str, bytes]:
         if os.path.lexists(hf_dir / name):
             try:
                 files[name] = read_regular(
-                    _regular(hf_dir / name, str(hf_dir)), MAX_JSON_BYTES, follow_symlinks=True
+                    confined(_regular(hf_dir / name, str(hf_dir))), MAX_JSON_BYTES, follow_symlinks=False
                 )
             except OversizeFileError as err:
                 raise InteropError(str(err)) from None
@@ -241,8 +335,10 @@ def _tokenizer_files(hf_dir: Path, special: dict[str, Any]) -> dict[str, bytes]:
     return files
 
 
-def import_hf(hf_dir: Path, out: Path) -> dict[str, Any]:
-    """Write the weights of an HF Llama directory as a weights-only truestep checkpoint (fp32).
+def import_hf(hf_dir: Path, out: Path, dtype: torch.dtype | None = None) -> dict[str, Any]:
+    """Write the weights of an HF Llama directory as a weights-only truestep checkpoint, streaming: one
+    tensor at a time is read, converted to `dtype` (None: as stored) and written. A tied output weight is
+    stored once, as the embedding.
 
     The tokenizer files beside the weights are copied into the checkpoint (and covered by its manifest)
     and the bos/eos/pad ids recorded in interop.json, so an export gives them back.
@@ -275,24 +371,30 @@ def import_hf(hf_dir: Path, out: Path) -> dict[str, Any]:
     problems = shape_problems(meta, expected, to_hf, "safetensors", f"{CONFIG} implies")
     if problems:
         raise InteropError(f"{hf_dir}: the weights do not match {CONFIG}: {problem_list(problems)}")
-    state = _read_tensors(headers)
-    if cfg.tie_embeddings:
-        state["output.weight"] = state["tok_embeddings.weight"]
+    if cfg.tie_embeddings:  # a tied lm_head some exports write anyway is the embedding: stored once
+        headers = {name: entry for name, entry in headers.items() if from_hf(name) != "output.weight"}
+    reader = _TensorReader(headers, dtype)
+    state = reader.template(headers)
     dtypes = sorted({str(entry[2].dtype).removeprefix("torch.") for entry in headers.values()})
     source = {
         "type": "huggingface",
         "path": str(hf_dir.resolve()),
         "architecture": ARCHITECTURE,
         "dtypes": dtypes,
+        "stored_dtype": str(dtype).removeprefix("torch.") if dtype is not None else "as the source",
         "config": hf,
     }
     record = {"files": list(tokenizer_files), **special}
     step_dir = write_weights_checkpoint(
-        Path(out), state, cfg, source, extra_files=tokenizer_files, extra_info={"tokenizer": record}
+        Path(out),
+        state,
+        cfg,
+        source,
+        extra_files=tokenizer_files,
+        extra_info={"tokenizer": record},
+        produce=reader,
     )
-    n_params = sum(
-        t.numel() for fqn, t in state.items() if not (cfg.tie_embeddings and fqn == "output.weight")
-    )
+    n_params = sum(t.numel() for t in state.values())
     return {
         "hf_dir": str(hf_dir),
         "checkpoint": str(step_dir),

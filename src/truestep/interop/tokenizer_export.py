@@ -20,12 +20,14 @@ from truestep.checkpoint.manifest import VerifyError, read_json
 from truestep.checkpoint.state import read_rank_state
 from truestep.checkpoint.weights import WEIGHTS_INFO_FILE
 from truestep.config.schema import ModelConfig
-from truestep.core.fsio import atomic_write
+from truestep.core.fsio import OversizeFileError, UnsafePathError, atomic_write, read_regular
 from truestep.data.errors import DataError
 from truestep.data.meta import read_meta
 from truestep.data.tokenizer import ByteTokenizer, HFTokenizer
 from truestep.data.tokenizer_files import (
     BYTE_EOS_TOKEN,
+    GENERATION_CONFIG,
+    SPECIAL_TOKENS_MAP,
     TOKENIZER_CONFIG,
     TOKENIZER_FILES,
     TOKENIZER_JSON,
@@ -34,9 +36,10 @@ from truestep.data.tokenizer_files import (
     data_tokenizer,
 )
 from truestep.interop.errors import InteropError
-from truestep.interop.hf_config import SPECIAL_TOKEN_KEYS
+from truestep.interop.hf_config import SPECIAL_TOKEN_KEYS, merged_eos
 
-GENERATION_CONFIG = "generation_config.json"
+MAX_GENERATION_CONFIG_BYTES = 1 << 20
+
 BYTE_NOTE = "TOKENIZER.md"
 _BYTE_NOTE_TEXT = f"""# Tokenizer: truestep's byte tokenizer
 
@@ -99,7 +102,28 @@ def _from_data_dir(data_dir: Path, why: str) -> CheckpointTokenizer:
     except DataError as err:
         raise InteropError(f"{why}: {err}") from err
     ids = {"bos_token_id": found.bos_id, "eos_token_id": found.eos_id, "pad_token_id": found.pad_id}
+    # The eos the documents were separated by first, then the model's others (an Instruct model's turn end).
+    ids["eos_token_id"] = merged_eos(found.eos_id, bundled_generation(found.files).get("eos_token_id"))
     return CheckpointTokenizer(found.kind, found.files, ids, f"data directory {data_dir}", found.vocab_size)
+
+
+def bundled_generation(files: tuple[Path, ...]) -> dict[str, Any]:
+    """The generation_config.json among a tokenizer's bundled files ({} without one); its eos ids checked
+    to be ids (the vocabulary bound is checked against the model by `check_tokenizer_fits`)."""
+    path = next((p for p in files if p.name == GENERATION_CONFIG), None)
+    if path is None:
+        return {}
+    try:
+        data = json.loads(read_regular(path, MAX_GENERATION_CONFIG_BYTES, follow_symlinks=False))
+    except (OSError, UnsafePathError, OversizeFileError, ValueError, RecursionError) as err:
+        raise InteropError(f"{path}: unreadable: {err}") from None
+    if not isinstance(data, dict):
+        raise InteropError(f"{path} is not a JSON object")
+    eos = data.get("eos_token_id")
+    ids = eos if isinstance(eos, list) else [] if eos is None else [eos]
+    if not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids):
+        raise InteropError(f"{path}: eos_token_id={eos!r} is not a list of ids")
+    return data
 
 
 def checkpoint_tokenizer(ckpt_dir: Path, data_dir: Path | None = None) -> CheckpointTokenizer:
@@ -118,6 +142,9 @@ def checkpoint_tokenizer(ckpt_dir: Path, data_dir: Path | None = None) -> Checkp
                 )
             files = _bundled_files(ckpt_dir, record.get("files"), interop)
             ids = {key: record.get(key) for key in SPECIAL_TOKEN_KEYS}
+            ids["eos_token_id"] = merged_eos(
+                ids["eos_token_id"], bundled_generation(files).get("eos_token_id")
+            )
             return CheckpointTokenizer(
                 "hf" if files else "none", files, ids, f"imported checkpoint {ckpt_dir}"
             )
@@ -189,14 +216,36 @@ def write_tokenizer(tok: CheckpointTokenizer, staging: Path) -> list[str]:
         return [TOKENIZER_JSON, TOKENIZER_CONFIG, BYTE_NOTE]
     written = []
     for path in tok.files:
+        if path.name == GENERATION_CONFIG:  # written by the export itself, with the ids merged in
+            continue
         atomic_write(staging / path.name, path.read_bytes())
         written.append(path.name)
     if TOKENIZER_CONFIG not in written:
         atomic_write(staging / TOKENIZER_CONFIG, _minimal_tokenizer_config(tok))
         written.append(TOKENIZER_CONFIG)
+    if SPECIAL_TOKENS_MAP not in written:
+        atomic_write(staging / SPECIAL_TOKENS_MAP, _special_tokens_map(tok))
+        written.append(SPECIAL_TOKENS_MAP)
     return written
 
 
+def _special_tokens_map(tok: CheckpointTokenizer) -> bytes:
+    """special_tokens_map.json from the known ids (bos, the first eos, pad), as their token text."""
+    loaded = tok.load()
+    assert isinstance(loaded, HFTokenizer)
+    found = {}
+    for key, name in (("bos_token_id", "bos_token"), ("pad_token_id", "pad_token")):
+        if tok.special_tokens.get(key) is not None:
+            found[name] = loaded.decode([tok.special_tokens[key]])
+    if tok.eos_ids():
+        found["eos_token"] = loaded.decode(tok.eos_ids()[:1])
+    return json.dumps(found, indent=2).encode()
+
+
 def generation_config(tok: CheckpointTokenizer) -> dict[str, Any]:
-    """generation_config.json: the ids `generate()` stops at (eos) and pads with."""
-    return {key: tok.special_tokens.get(key) for key in SPECIAL_TOKEN_KEYS}
+    """generation_config.json: the source's generation defaults (do_sample, temperature, top_p, ...) where
+    the tokenizer carries them, with the ids `generate()` stops at (every eos) and pads with."""
+    return {
+        **bundled_generation(tok.files),
+        **{key: tok.special_tokens.get(key) for key in SPECIAL_TOKEN_KEYS},
+    }

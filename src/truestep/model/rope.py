@@ -1,5 +1,5 @@
 """Rotary position embeddings in the Hugging Face half-split ("rotate_half") layout, with Llama 3.1/3.2
-frequency scaling.
+frequency scaling or linear position interpolation.
 
 Each head's dimensions are split into two halves, and dimension j is rotated together with j + head_dim/2
 by the j-th frequency. Meta's original Llama code and torchtitan rotate *interleaved* pairs (2j, 2j+1)
@@ -44,15 +44,30 @@ class Llama3Scaling:
         return torch.where(medium, blended, scaled)
 
 
+@dataclass(frozen=True)
+class LinearScaling:
+    """Position interpolation: every frequency divided by `factor` (`rope_type: linear`)."""
+
+    factor: float
+
+    def apply(self, inv_freq: torch.Tensor) -> torch.Tensor:
+        return inv_freq / self.factor
+
+
+Scaling = Llama3Scaling | LinearScaling
+
+
 def head_dim(cfg: ModelConfig) -> int:
     """Width of one attention head: `model.head_dim`, or dim / n_heads when that is 0."""
     return cfg.head_dim or cfg.dim // cfg.n_heads
 
 
-def rope_scaling(cfg: ModelConfig) -> Llama3Scaling | None:
+def rope_scaling(cfg: ModelConfig) -> Scaling | None:
     """The frequency scaling `cfg` asks for (None: plain RoPE)."""
     if cfg.rope_scaling == "none":
         return None
+    if cfg.rope_scaling == "linear":
+        return LinearScaling(cfg.rope_scaling_factor)
     if cfg.rope_scaling != "llama3":
         raise ValueError(f"unknown model.rope_scaling {cfg.rope_scaling!r}")
     return Llama3Scaling(
@@ -63,14 +78,14 @@ def rope_scaling(cfg: ModelConfig) -> Llama3Scaling | None:
     )
 
 
-def inv_frequencies(dim: int, theta: float, scaling: Llama3Scaling | None = None) -> torch.Tensor:
+def inv_frequencies(dim: int, theta: float, scaling: Scaling | None = None) -> torch.Tensor:
     """The dim/2 rotation frequencies (float64), scaled when `scaling` is given."""
     inv_freq = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
     return scaling.apply(inv_freq) if scaling is not None else inv_freq
 
 
 def rope_tables(
-    head_dim: int, max_seq_len: int, theta: float, scaling: Llama3Scaling | None = None
+    head_dim: int, max_seq_len: int, theta: float, scaling: Scaling | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """cos/sin of shape (max_seq_len, head_dim) in the HF half-split layout."""
     inv_freq = inv_frequencies(head_dim, theta, scaling)

@@ -25,6 +25,8 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.fsdp import FSDPModule
 
 import truestep
+from truestep.checkpoint.catalog import committed_dirs, run_checkpoint_root
+from truestep.checkpoint.init_from import precheck_init_from
 from truestep.checkpoint.resolver import ResumeError
 from truestep.checkpoint.state import RankState, RngPolicy
 from truestep.config.errors import ConfigError
@@ -99,6 +101,11 @@ class Trainer:
             os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
             torch.use_deterministic_algorithms(True)
 
+        if cfg.checkpoint.init_from and not committed_dirs(
+            run_checkpoint_root(self.run_dir, cfg.checkpoint.dir)
+        ):
+            # A fresh start from given weights: refuse a misfit before allocating the model.
+            precheck_init_from(cfg.checkpoint.init_from, cfg.model)
         model = Transformer(cfg.model)
         model.init_weights(cfg.train.seed)
         self.model = parallelize(model, ctx, cfg)
