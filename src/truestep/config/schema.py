@@ -256,6 +256,20 @@ class ResilienceConfig:
     for a requeue (exit 77) instead of restarting in place. A node whose processes die is noticed at once
     (its connection closes). Keep it below hang_timeout_s and above the longest network blip you accept."""
 
+    resume_check: bool = True
+    """Mechanism switch: after a restore, compare every recomputed step up to the last one logged before
+    the fault with its pre-fault metrics line (loss and grad norm bit patterns, lr, tokens seen) and log
+    resume_verified / resume_unverified / resume_diverged (docs/resilience.md, "Resume self-check").
+    Costs one read of metrics.jsonl per resume: the steps are recomputed anyway."""
+    on_resume_divergence: str = "warn"
+    """What a diverged resume self-check does: warn (an event, a console line, train on) or stop (exit 3
+    before training on the diverged trajectory, before the next checkpoint is saved)."""
+    resume_check_floor: float = 0.0
+    """Where the platform is not bitwise-deterministic (train.deterministic=false, a GPU, emulated noise,
+    a changed layout): the largest |loss difference| of a replayed step that still counts as the same
+    trajectory (e.g. the floor measured by `truestep experiment`). 0 = none: the deviation is reported
+    without a verdict (resume_unverified)."""
+
     def signal_names(self) -> list[str]:
         """`signals` split into names (checked against PREEMPTION_SIGNALS by config.validate)."""
         return [name.strip() for name in self.signals.split(",") if name.strip()]

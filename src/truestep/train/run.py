@@ -53,6 +53,7 @@ from truestep.train.hooks import (
     MetricsHook,
     NanGuardHook,
     PreemptionHook,
+    ResumeCheckHook,
 )
 from truestep.train.loop import train_loop
 from truestep.train.trainer import Trainer
@@ -61,9 +62,20 @@ BUSY = -1
 
 
 def build_hooks(attempt: Attempt) -> list[Hook]:
-    """In call order. Checkpoint first: its on_start restores the state the others then report."""
+    """In call order. The resume self-check first, so that a diverged resume stops before the checkpoint
+    hook saves it (its on_start does nothing); then checkpoints: its on_start restores the state the
+    others report."""
     checkpoints = CheckpointHook(attempt.fence, attempt.number)
-    return [checkpoints, CollectiveTimeoutHook(), MetricsHook(), NanGuardHook(checkpoints), PreemptionHook()]
+    metrics = MetricsHook()
+    resume_check = ResumeCheckHook(metrics, lambda: checkpoints.restore_facts.get("layout_changed", False))
+    return [
+        resume_check,
+        checkpoints,
+        CollectiveTimeoutHook(),
+        metrics,
+        NanGuardHook(checkpoints),
+        PreemptionHook(),
+    ]
 
 
 def exit_code(cfg: JobConfig, stop_reason: StopReason | None) -> int:

@@ -10,6 +10,7 @@ from truestep.train.hooks.checkpointing import CheckpointHook
 from truestep.train.hooks.metrics import MetricsHook
 from truestep.train.hooks.nan_guard import NanGuardHook
 from truestep.train.hooks.preemption import PreemptionHook
+from truestep.train.hooks.resume_check import ResumeCheckHook
 from truestep.train.hooks.timeouts import CollectiveTimeoutHook
 
 __all__ = [
@@ -19,4 +20,5 @@ __all__ = [
     "MetricsHook",
     "NanGuardHook",
     "PreemptionHook",
+    "ResumeCheckHook",
 ]
