@@ -37,9 +37,17 @@ def killed(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def resumed(killed: Path, tmp_path: Path, *switches: str, code: int = 0) -> tuple[Path, str]:
     run = tmp_path / "run"
     shutil.copytree(killed, run, symlinks=True)
-    proc = launch(run, *COMMON, *switches, check=False)
+    proc = launch(run, *COMMON, "--metrics.tensorboard=true", *switches, check=False)
     assert proc.returncode == code, proc.stderr[-3000:]
     return run, proc.stderr
+
+
+def tb_self_check(run: Path) -> list[tuple[int, float]]:
+    """(step, value) of the `resume/self_check` scalar, read back with TensorBoard's own reader."""
+    ea = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
+    acc = ea.EventAccumulator(str(run / "tb"), size_guidance={ea.SCALARS: 0})
+    acc.Reload()
+    return [(e.step, e.value) for e in acc.Scalars("resume/self_check")]
 
 
 def self_checks(run: Path) -> list[dict]:
@@ -53,6 +61,7 @@ def test_all_mechanisms_on_the_resume_verifies_itself(killed: Path, tmp_path: Pa
     assert (check["restored_step"], check["last_prefault_step"]) == (4, 6)
     assert check["steps_compared"] == check["steps_bitwise_equal"] == 2
     assert "resume verified: steps 5..6 replayed bit for bit" in stderr
+    assert tb_self_check(run) == [(6, 1.0)]
 
 
 @pytest.mark.parametrize(
@@ -74,6 +83,7 @@ def test_each_mechanism_off_the_resume_flags_itself(
     assert check["first_step"] == first_step and "loss" in check["fields"]
     assert check["logged"]["loss"] != check["recomputed"]["loss"] and check["dloss"] > 0
     assert f"resume DIVERGED at step {first_step}" in stderr
+    assert tb_self_check(run) == [(first_step, -1.0)]
     assert max(m["step"] for m in metrics(run)) == 8  # warn (the default): trains on
 
 
