@@ -62,6 +62,7 @@ def test_all_mechanisms_on_the_resume_verifies_itself(killed: Path, tmp_path: Pa
     assert check["steps_compared"] == check["steps_bitwise_equal"] == 2
     assert "resume verified: steps 5..6 replayed bit for bit" in stderr
     assert tb_self_check(run) == [(6, 1.0)]
+    assert events(run, "checkpoint_restore")[-1]["restored_digest"] == "matches"
 
 
 @pytest.mark.parametrize(
@@ -106,3 +107,22 @@ def test_switched_off_no_self_check(killed: Path, tmp_path: Path) -> None:
         killed, tmp_path, "--checkpoint.restore_data_position=false", "--resilience.resume_check=false"
     )
     assert self_checks(run) == []
+
+
+def test_a_restore_that_is_not_the_save_is_refused_by_its_digest(killed: Path, tmp_path: Path) -> None:
+    # The emulated wrong restore perturbs every parameter after the load: not the bytes that were saved.
+    run, stderr = resumed(killed, tmp_path, "--train.emulate_restore_error=1e-3", code=3)
+    (mismatch,) = events(run, "restore_digest_mismatch")
+    assert mismatch["step"] == 4 and mismatch["saved"] != mismatch["restored"]
+    assert [e["reason"] for e in events(run, "checkpoint_quarantined")][0].startswith("failed to load")
+    assert not (run / "checkpoints" / "step_00000004").exists()  # set aside; none older to fall back to
+    assert not events(run, "checkpoint_restore")
+
+
+def test_digest_check_off_the_replay_still_flags_the_wrong_restore(killed: Path, tmp_path: Path) -> None:
+    run, _ = resumed(
+        killed, tmp_path, "--train.emulate_restore_error=1e-3", "--checkpoint.verify_restored_digest=false"
+    )
+    assert events(run, "checkpoint_restore")[-1]["restored_digest"] == "off"
+    (check,) = self_checks(run)
+    assert check["event"] == "resume_diverged" and check["first_step"] == 5

@@ -193,6 +193,11 @@ class CheckpointConfig:
     """Resume although trajectory-relevant config keys differ from the checkpoint's."""
     init_from: str = ""
     """Initial weights (a truestep checkpoint directory) for a fresh run; ignored when resuming."""
+    verify_restored_digest: bool = True
+    """Mechanism switch: after a restore into the layout that saved the checkpoint, the parameter digest of
+    the restored model must equal the one recorded at save (events.jsonl, checkpoint_save); a mismatch
+    is a failed restore (quarantined, the next older checkpoint is tried). Costs one SHA-256 pass over
+    the local parameter shards per restore."""
     restore_optimizer_state: bool = True
     """Ablation switch: restore AdamW moments. Off = fresh optimizer state on resume."""
     restore_rng_state: bool = True

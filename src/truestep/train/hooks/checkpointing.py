@@ -21,6 +21,7 @@ from truestep.faults.hooks import fault_point
 from truestep.faults.hooks import set_context as set_fault_context
 from truestep.telemetry.digest import param_digest
 from truestep.train.hooks.base import Hook
+from truestep.train.restored_digest import verify_restored_digest
 
 if TYPE_CHECKING:
     from truestep.train.trainer import StepResult, Trainer
@@ -97,6 +98,7 @@ class CheckpointHook(Hook):
                 f"{trainer.cfg.train.max_steps}: it belongs to a longer run. Raise train.max_steps to continue "
                 "it, or use another run directory"
             )
+        facts.update(verify_restored_digest(trainer, ckpt_dir, facts))
         self.restore_facts = facts
         trainer.status.step = trainer.state.step
         self.checkpointer.last_saved_step = trainer.state.step

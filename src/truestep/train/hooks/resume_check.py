@@ -9,16 +9,14 @@ before the checkpoint hook could save it.
 
 from __future__ import annotations
 
-import json
 import sys
-from collections.abc import Iterator
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from truestep.checkpoint.errors import ResumeError
 from truestep.core.names import METRICS_FILE
 from truestep.parallel.dist import broadcast_int
 from truestep.resilience.replay import ReplayCheck, Verdict, prefault_window
+from truestep.telemetry.jsonl import iter_jsonl
 from truestep.train.hooks.base import Hook
 from truestep.train.hooks.metrics import MetricsHook, step_fields
 
@@ -38,27 +36,6 @@ class ResumeDivergedError(ResumeError):
 def say(line: str) -> None:
     """The self-check's one console line (rank 0 only; callers check)."""
     print(f"truestep train: {line}", file=sys.stderr, flush=True)
-
-
-def read_metrics_lines(path: Path) -> Iterator[dict[str, Any]]:
-    """Every record of a metrics log, streamed (memory bounded by one line); a torn final line is
-    skipped, a corrupt line elsewhere raises ValueError."""
-    if not path.exists():
-        return
-    with open(path, encoding="utf-8") as f:
-        held_error: str | None = None
-        for number, text in enumerate(f, 1):
-            if held_error is not None:
-                raise ValueError(held_error)
-            if not text.strip():
-                continue
-            try:
-                record = json.loads(text)
-            except json.JSONDecodeError as err:
-                held_error = f"{path}:{number}: corrupt JSON line: {err}"
-                continue
-            if isinstance(record, dict):
-                yield record
 
 
 def bitwise_platform(trainer: Trainer, layout_changed: bool) -> bool:
@@ -90,7 +67,7 @@ class ResumeCheckHook(Hook):
         self.first_step = restored_step + 1
         if trainer.ctx.is_main:
             try:
-                lines = read_metrics_lines(trainer.run_dir / METRICS_FILE)
+                lines = iter_jsonl(trainer.run_dir / METRICS_FILE)
                 window = prefault_window(lines, restored_step, trainer.logs.attempt)
             except (OSError, UnicodeDecodeError, ValueError) as err:
                 window, reason = {}, f"cannot read the pre-fault lines: {err}"
