@@ -97,3 +97,18 @@ def test_nothing_to_replay_is_unverified() -> None:
 def test_config_refuses_bad_switches(bad: str) -> None:
     with pytest.raises(ConfigError):
         load_config("tiny", [bad])
+
+
+def test_report_label_sums_up_the_runs_self_checks(tmp_path) -> None:
+    from truestep.analysis.runlog import RunLog
+    from truestep.analysis.self_check import self_check_label
+
+    def run(*events: dict) -> RunLog:
+        return RunLog(tmp_path, [], [{"time": 1.0, **e} for e in events])
+
+    assert self_check_label(run()) == "-"
+    verified = {"event": "resume_verified"}
+    assert self_check_label(run(verified, verified)) == "verified 2"
+    diverged = {"event": "resume_diverged", "first_step": 6}
+    label = self_check_label(run(verified, diverged, {"event": "resume_unverified"}))
+    assert label == "DIVERGED at 6; verified 1; unverified 1"

@@ -126,3 +126,33 @@ def test_digest_check_off_the_replay_still_flags_the_wrong_restore(killed: Path,
     assert events(run, "checkpoint_restore")[-1]["restored_digest"] == "off"
     (check,) = self_checks(run)
     assert check["event"] == "resume_diverged" and check["first_step"] == 5
+
+
+@pytest.fixture(scope="module")
+def stopped(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A graceful stop after step 4 (its save is at step 4: nothing will be replayed)."""
+    run = tmp_path_factory.mktemp("stopped") / "run"
+    launch(run, *COMMON, "--train.stop_at_step=4")
+    (witness,) = events(run, "stop_witness")
+    assert witness["step"] == 4 and witness["witness_s"] > 0
+    return run
+
+
+@pytest.mark.parametrize(
+    ("switch", "fields"),
+    [
+        ("", []),
+        ("--checkpoint.restore_rng_state=false", ["rng_fingerprint", "loss"]),
+        ("--checkpoint.restore_data_position=false", ["batch_fingerprint", "loss"]),
+    ],
+)
+def test_graceful_stop_the_witness_judges_the_first_step(
+    switch: str, fields: list[str], stopped: Path, tmp_path: Path
+) -> None:
+    run, stderr = resumed(stopped, tmp_path, *([switch] if switch else []))
+    (check,) = self_checks(run)  # no "nothing to replay" beside it: the witness judges this resume
+    assert check["witness"] and check["first_step"] == 5 and check["fields"] == fields
+    assert check["event"] == ("resume_diverged" if fields else "resume_verified")
+    if not fields:  # the forward pass of the witness is the first step's loss, bit for bit
+        assert check["logged"]["loss"] == check["recomputed"]["loss"] and check["dloss"] == 0
+        assert "resume verified against the stop witness" in stderr

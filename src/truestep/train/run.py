@@ -54,6 +54,7 @@ from truestep.train.hooks import (
     NanGuardHook,
     PreemptionHook,
     ResumeCheckHook,
+    WitnessHook,
 )
 from truestep.train.loop import train_loop
 from truestep.train.trainer import Trainer
@@ -67,10 +68,14 @@ def build_hooks(attempt: Attempt) -> list[Hook]:
     others report."""
     checkpoints = CheckpointHook(attempt.fence, attempt.number)
     metrics = MetricsHook()
-    resume_check = ResumeCheckHook(metrics, lambda: checkpoints.restore_facts.get("layout_changed", False))
+    witness = WitnessHook(metrics)  # after checkpoints: it reads the restored state, witnesses the saved one
+    resume_check = ResumeCheckHook(
+        metrics, lambda: checkpoints.restore_facts.get("layout_changed", False), lambda: witness.active
+    )
     return [
         resume_check,
         checkpoints,
+        witness,
         CollectiveTimeoutHook(),
         metrics,
         NanGuardHook(checkpoints),

@@ -12,6 +12,7 @@ from truestep.train.hooks.nan_guard import NanGuardHook
 from truestep.train.hooks.preemption import PreemptionHook
 from truestep.train.hooks.resume_check import ResumeCheckHook
 from truestep.train.hooks.timeouts import CollectiveTimeoutHook
+from truestep.train.hooks.witness import WitnessHook
 
 __all__ = [
     "CheckpointHook",
@@ -21,4 +22,5 @@ __all__ = [
     "NanGuardHook",
     "PreemptionHook",
     "ResumeCheckHook",
+    "WitnessHook",
 ]

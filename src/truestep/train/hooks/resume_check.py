@@ -10,7 +10,8 @@ before the checkpoint hook could save it.
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from truestep.checkpoint.errors import ResumeError
 from truestep.core.names import METRICS_FILE
@@ -51,9 +52,16 @@ def bitwise_platform(trainer: Trainer, layout_changed: bool) -> bool:
 
 
 class ResumeCheckHook(Hook):
-    def __init__(self, metrics: MetricsHook, layout_changed: Any = lambda: False) -> None:
+    def __init__(
+        self,
+        metrics: MetricsHook,
+        layout_changed: Callable[[], bool] = lambda: False,
+        witnessed: Callable[[], bool] = lambda: False,
+    ) -> None:
         self.metrics = metrics
         self.layout_changed = layout_changed
+        self.witnessed = witnessed
+        """A stop witness judges this resume (train/hooks/witness.py): nothing replayed is not news."""
         self.check: ReplayCheck | None = None
         self.window_len = 0
         self.first_step = 0
@@ -115,6 +123,8 @@ class ResumeCheckHook(Hook):
         if check is None:  # not rank 0: rank 0 logs and prints
             return
         verdict, _ = check.verdict()
+        if check.compared == 0 and not reason and self.witnessed():
+            return
         facts = check.facts()
         if reason:
             facts["reason"] = reason
