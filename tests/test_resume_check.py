@@ -156,3 +156,46 @@ def test_graceful_stop_the_witness_judges_the_first_step(
     if not fields:  # the forward pass of the witness is the first step's loss, bit for bit
         assert check["logged"]["loss"] == check["recomputed"]["loss"] and check["dloss"] == 0
         assert "resume verified against the stop witness" in stderr
+
+
+@pytest.fixture(scope="module")
+def unstaged(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An async save of step 4 that takes no staged copy; a `mutate` fault changes the parameters and
+    optimizer state it is writing; SIGKILL as step 7 starts. The bytes on disk are not the saved state."""
+    run = tmp_path_factory.mktemp("unstaged") / "run"
+    proc = launch(
+        run,
+        *UNSTAGED,
+        "--checkpoint.emulate_unstaged_async_save=true",
+        "--fault=mutate:step=4;kill:rank=0:step=7",
+        check=False,
+    )
+    assert proc.returncode == -9, proc.stderr[-3000:]
+    return run
+
+
+UNSTAGED = [*COMMON[:2], "--checkpoint.async_save=true", *COMMON[3:]]
+
+
+def test_a_save_mutated_while_writing_unstaged_is_refused_by_its_digest(
+    unstaged: Path, tmp_path: Path
+) -> None:
+    run = tmp_path / "run"
+    shutil.copytree(unstaged, run, symlinks=True)
+    proc = launch(run, *UNSTAGED, check=False)
+    assert proc.returncode == 3, proc.stderr[-3000:]
+    (mismatch,) = events(run, "restore_digest_mismatch")
+    assert mismatch["step"] == 4 and mismatch["saved"] != mismatch["restored"]
+    assert not events(run, "checkpoint_restore")
+
+
+def test_a_staged_async_save_survives_the_mutation(tmp_path: Path) -> None:
+    # Staging on (the default): the write reads the staged copy, so the restore is what was saved; the
+    # mutation changed the live trajectory after the save, and the replayed steps 5..6 say so.
+    run = tmp_path / "run"
+    proc = launch(run, *UNSTAGED, "--fault=mutate:step=4;kill:rank=0:step=7", check=False)
+    assert proc.returncode == -9, proc.stderr[-3000:]
+    launch(run, *UNSTAGED)
+    assert events(run, "checkpoint_restore")[-1]["restored_digest"] == "matches"
+    (check,) = self_checks(run)
+    assert check["event"] == "resume_diverged" and check["first_step"] == 5

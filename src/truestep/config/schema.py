@@ -198,6 +198,10 @@ class CheckpointConfig:
     the restored model must equal the one recorded at save (events.jsonl, checkpoint_save); a mismatch
     is a failed restore (quarantined, the next older checkpoint is tried). Costs one SHA-256 pass over
     the local parameter shards per restore."""
+    emulate_unstaged_async_save: bool = False
+    """Test switch (never in a real run): async saves take no staged copy, so the background writer reads
+    the live tensors (checkpoint/unstaged.py). With a `mutate` fault it makes a checkpoint that is not what
+    was saved, for showing that verify_restored_digest catches it."""
     restore_optimizer_state: bool = True
     """Ablation switch: restore AdamW moments. Off = fresh optimizer state on resume."""
     restore_rng_state: bool = True
