@@ -263,7 +263,7 @@ def test_report_on_exact_floor(tmp_path: Path) -> None:
     assert f"bitwise equal to the reference in everything compared ({counted})" in md
     assert f"| `faulted` | 1 | 1 | bitwise: {counted} |" in md
     assert "## What this verdict cannot see" in md and "A bug confined to one small tensor" in md
-    assert "| `ablation-rng-restore-off-hard` | 1 | 1 | VIOLATED at step 6 (loss) | 6 | 6 |" in md
+    assert "| `ablation-rng-restore-off-hard` | 1 | 1 | VIOLATED at step 6 (loss) | - | 6 | 6 |" in md
     assert "**FLAGGED** (VIOLATED at step 6 (loss))" in md
     assert "rng-restore-off/hard (VIOLATED at step 6 (loss))" in md
     assert fmt_seconds(incident.mttr_s) in md

@@ -38,8 +38,13 @@ def last_per_step(run_dir: Path) -> dict[int, dict]:
     return {m["step"]: m for m in metrics(run_dir)}
 
 
-def assert_matches(run_dir: Path, steps: list[int]) -> None:
+def assert_matches(
+    run_dir: Path, steps: list[int], self_check: list[tuple[int, float]] | None = None
+) -> None:
+    """The train/ scalars match metrics.jsonl; `resume/self_check` (a resumed run's self-check, 1 =
+    verified) holds exactly `self_check`, or is absent when None."""
     scalars = tb_scalars(run_dir)
+    assert scalars.pop("resume/self_check", None) == self_check
     assert sorted(scalars) == sorted(f"train/{k}" for k in KEYS)
     expected = last_per_step(run_dir)
     assert sorted(expected) == steps
@@ -63,7 +68,7 @@ def test_tensorboard_across_a_graceful_stop_and_resume(tmp_path: Path) -> None:
     launch(tmp_path, *COMMON, "--train.max_steps=6", "--train.stop_at_step=3")
     launch(tmp_path, *COMMON, "--train.max_steps=6")
     assert len(list((tmp_path / "tb").glob("events.out.tfevents.*"))) == 2
-    assert_matches(tmp_path, list(range(1, 7)))
+    assert_matches(tmp_path, list(range(1, 7)), self_check=[(4, 1.0)])  # judged by the stop witness
 
 
 def test_tensorboard_after_a_crash_and_resume(tmp_path: Path) -> None:
@@ -77,4 +82,4 @@ def test_tensorboard_after_a_crash_and_resume(tmp_path: Path) -> None:
     assert crashed.returncode != 0
     launch(tmp_path, *common)
     assert sorted(last_per_step(tmp_path)) == list(range(1, 9))
-    assert_matches(tmp_path, list(range(1, 9)))
+    assert_matches(tmp_path, list(range(1, 9)), self_check=[(5, 1.0)])  # steps 4-5 replayed bitwise

@@ -21,6 +21,7 @@ from truestep.analysis.floor import FloorModel, measure_floor
 from truestep.analysis.goodput import CheckpointOverhead, Goodput, checkpoint_overhead, goodput
 from truestep.analysis.mttr import Incident, incidents
 from truestep.analysis.runlog import RunLog
+from truestep.analysis.self_check import self_check_label
 from truestep.analysis.state import distances
 from truestep.analysis.verdict import (
     UNCHECKED,
@@ -46,6 +47,8 @@ class RunAnalysis:
     goodput: Goodput
     incidents: list[Incident]
     checkpoint: CheckpointOverhead
+    self_check: str = "-"
+    """What the run's resumes said about themselves, with no reference (analysis/self_check.py)."""
 
     @property
     def mean_mttr_s(self) -> float | None:
@@ -109,6 +112,7 @@ def analyze_run(
         goodput=goodput(run, verdict.first_uncounted_step, uncounted),
         incidents=incidents(run),
         checkpoint=checkpoint_overhead(run),
+        self_check=self_check_label(run),
     )
 
 

@@ -40,6 +40,7 @@ from truestep.checkpoint.catalog import (
 from truestep.checkpoint.manifest import VerifyError, read_marker, write_manifest, write_marker
 from truestep.checkpoint.safe_dcp import silence_single_process_saves, single_process
 from truestep.checkpoint.state import Checkpointable, write_rank_state
+from truestep.checkpoint.unstaged import mutate_in_place, unstaged_async_save
 from truestep.config.schema import CheckpointConfig
 from truestep.core.errors import FencedError, RefusedError, os_error_line, storage_error
 from truestep.core.fsio import atomic_write, make_dir, open_for_write
@@ -152,13 +153,19 @@ class Checkpointer:
         write_rank_state(ckpt_dir, self.ctx, states.rank_state(), self.trajectory_keys)
         state = states.dcp_state_dict(with_optimizer=True)
         writer = _ShardWriter(ckpt_dir, step)
+        release: Callable[[], None] = lambda: None  # noqa: E731
         with single_process(), _writing(ckpt_dir):  # one process saves without a process group on purpose
-            if self.cfg.async_save:
+            if self.cfg.async_save and self.cfg.emulate_unstaged_async_save:
+                future, release = unstaged_async_save(state, writer)
+            elif self.cfg.async_save:
                 future = dcp.async_save(state, storage_writer=writer, process_group=self.group)
             else:
                 dcp.save(state, storage_writer=writer)
                 future = Future()
                 future.set_result(None)
+        # A `mutate` fault: the saved tensors change while the (async) write may still be reading them.
+        fault_point("save:writing", step=step, mutate=lambda: mutate_in_place(state))
+        release()
         self.last_saved_step = step
         self.pending = PendingSave(step, ckpt_dir, future, started, reason)
         if not self.cfg.async_save:

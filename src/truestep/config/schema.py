@@ -197,6 +197,15 @@ class CheckpointConfig:
     """Resume although trajectory-relevant config keys differ from the checkpoint's."""
     init_from: str = ""
     """Initial weights (a truestep checkpoint directory) for a fresh run; ignored when resuming."""
+    verify_restored_digest: bool = True
+    """Mechanism switch: after a restore into the layout that saved the checkpoint, the parameter digest of
+    the restored model must equal the one recorded at save (events.jsonl, checkpoint_save); a mismatch
+    is a failed restore (quarantined, the next older checkpoint is tried). Costs one SHA-256 pass over
+    the local parameter shards per restore."""
+    emulate_unstaged_async_save: bool = False
+    """Test switch (never in a real run): async saves take no staged copy, so the background writer reads
+    the live tensors (checkpoint/unstaged.py). With a `mutate` fault it makes a checkpoint that is not what
+    was saved, for showing that verify_restored_digest catches it."""
     restore_optimizer_state: bool = True
     """Ablation switch: restore AdamW moments. Off = fresh optimizer state on resume."""
     restore_rng_state: bool = True
@@ -259,6 +268,20 @@ class ResilienceConfig:
     job's network; a node silent this long (a partition, a powered-off node) is lost, and the others stop
     for a requeue (exit 77) instead of restarting in place. A node whose processes die is noticed at once
     (its connection closes). Keep it below hang_timeout_s and above the longest network blip you accept."""
+
+    resume_check: bool = True
+    """Mechanism switch: after a restore, compare every recomputed step up to the last one logged before
+    the fault with its pre-fault metrics line (loss and grad norm bit patterns, lr, tokens seen) and log
+    resume_verified / resume_unverified / resume_diverged (docs/resilience.md, "Resume self-check").
+    Costs one read of metrics.jsonl per resume: the steps are recomputed anyway."""
+    on_resume_divergence: str = "warn"
+    """What a diverged resume self-check does: warn (an event, a console line, train on) or stop (exit 3
+    before training on the diverged trajectory, before the next checkpoint is saved)."""
+    resume_check_floor: float = 0.0
+    """Where the platform is not bitwise-deterministic (train.deterministic=false, a GPU, emulated noise,
+    a changed layout): the largest |loss difference| of a replayed step that still counts as the same
+    trajectory (e.g. the floor measured by `truestep experiment`). 0 = none: the deviation is reported
+    without a verdict (resume_unverified)."""
 
     def signal_names(self) -> list[str]:
         """`signals` split into names (checked against PREEMPTION_SIGNALS by config.validate)."""

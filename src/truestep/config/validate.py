@@ -171,6 +171,14 @@ def validate(cfg: JobConfig) -> None:
             name in PREEMPTION_SIGNALS,
             f"resilience.signals: {name!r} is not one of {list(PREEMPTION_SIGNALS)}",
         )
+    _require(
+        r.on_resume_divergence in ("warn", "stop"),
+        f"resilience.on_resume_divergence={r.on_resume_divergence!r} must be warn or stop",
+    )
+    _require(
+        r.resume_check_floor >= 0 and math.isfinite(r.resume_check_floor),
+        f"resilience.resume_check_floor={r.resume_check_floor} must be a finite number >= 0 (0 = none)",
+    )
     _require(r.nan_rollback_after >= 0, "resilience.nan_rollback_after must be >= 0 (0 = never roll back)")
     _require(
         1 <= r.requeue_exit_code <= 254

@@ -152,10 +152,15 @@ def _slow_down(factor: float) -> None:
     _last_step_mark[:] = [now]
 
 
-def fault_point(name: str, step: int | None = None) -> None:
-    """Act out every fault armed for this point and due now."""
+def fault_point(name: str, step: int | None = None, mutate: Callable[[], object] | None = None) -> None:
+    """Act out every fault armed for this point and due now. `mutate`: how a `mutate` fault changes the
+    state at this point (the save passes one that changes the tensors it is writing)."""
     for spec in _fire(name, step):
-        if spec.kind == "kill" and spec.node is not None:
+        if spec.kind == "mutate":
+            if mutate is None:
+                raise RuntimeError(f"fault point {name} cannot act out a mutate fault")
+            mutate()
+        elif spec.kind == "kill" and spec.node is not None:
             # The whole node: its supervisor first (its other ranks die with it: PR_SET_PDEATHSIG).
             os.kill(_supervisor_or_self(), signal.SIGKILL)
             os.kill(os.getpid(), signal.SIGKILL)

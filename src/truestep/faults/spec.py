@@ -11,6 +11,8 @@ User-facing kinds (`--fault` on train/launch/experiment, or TRUESTEP_FAULTS, ';'
   corrupt:target=latest:step=N    flip a byte in the newest committed checkpoint, then SIGKILL
   nan:step=80                     poison the loss of step 80 (non-finite update)
   slow:rank=1:factor=3            rank 1 runs every step 3x slower
+  mutate:step=4                   add 1e-3 to the parameters and optimizer state of the save of step 4
+                                  after the save call returned (an async write may still be reading them)
   hang:at=startup:rank=1          SIGSTOP rank 1 as it starts, before its first heartbeat
   kill:at=restore:rank=0          SIGKILL rank 0 while it restores a checkpoint
   kill:at=rendezvous:rank=1       SIGKILL rank 1 as it joins the process group (its peers wait in it)
@@ -39,6 +41,7 @@ SAVE_PHASES = (
 )
 POINTS = (
     *(f"save:{p}" for p in SAVE_PHASES),
+    "save:writing",
     "train:step",
     "train:loss",
     "startup",
@@ -50,7 +53,7 @@ POINTS = (
 """Where a fault can fire. In a rank: startup (before its first heartbeat), rendezvous (before it joins
 the process group), restore, train:step/loss, save:*; in a warm standby: handoff (it was just handed its
 rank); in the supervisor: teardown (it is killing the ranks of a failed attempt)."""
-KINDS = ("kill", "term", "hang", "crash-in-save", "corrupt", "nan", "slow", "crash", "sleep")
+KINDS = ("kill", "term", "hang", "crash-in-save", "corrupt", "nan", "slow", "crash", "sleep", "mutate")
 _FIELDS = {
     "at",
     "step",
@@ -158,6 +161,10 @@ def _parse(item: str) -> FaultSpec:
         if phase not in SAVE_PHASES:
             raise FaultSpecError(f"fault {item!r}: phase must be one of {', '.join(SAVE_PHASES)}")
         return FaultSpec("crash", f"save:{phase}", rank=rank, **common)
+    if kind == "mutate":
+        if step is None and when is None and "from" not in f:
+            raise FaultSpecError(f"fault {item!r}: mutate needs step=N, from=N or time=SECONDS")
+        return FaultSpec("mutate", "save:writing", rank=rank, **common)
     if kind == "nan":
         return FaultSpec("nan", "train:loss", rank=rank, **common)
     if kind == "slow":

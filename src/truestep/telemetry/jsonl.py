@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +38,27 @@ class JsonlWriter:
             os.fsync(self._fd)
             os.close(self._fd)
             self._fd = None
+
+
+def iter_jsonl(path: Path) -> Iterator[dict[str, Any]]:
+    """Every record, streamed (memory bounded by one line): a torn final line is skipped, a corrupt
+    line elsewhere raises ValueError, a line that is not an object is skipped."""
+    if not path.exists():
+        return
+    with open(path, encoding="utf-8") as f:
+        held_error: str | None = None
+        for number, text in enumerate(f, 1):
+            if held_error is not None:
+                raise ValueError(held_error)
+            if not text.strip():
+                continue
+            try:
+                record = json.loads(text)
+            except json.JSONDecodeError as err:
+                held_error = f"{path}:{number}: corrupt JSON line: {err}"
+                continue
+            if isinstance(record, dict):
+                yield record
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:

@@ -21,5 +21,9 @@ class TensorBoardWriter:
             if key != "step":
                 self.writer.add_scalar(f"train/{key}", value, step)
 
+    def scalar(self, tag: str, value: float, step: int) -> None:
+        """One scalar outside train/ (e.g. `resume/self_check`)."""
+        self.writer.add_scalar(tag, value, step)
+
     def close(self) -> None:
         self.writer.close()

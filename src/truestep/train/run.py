@@ -55,6 +55,8 @@ from truestep.train.hooks import (
     MetricsHook,
     NanGuardHook,
     PreemptionHook,
+    ResumeCheckHook,
+    WitnessHook,
 )
 from truestep.train.loop import train_loop
 from truestep.train.trainer import Trainer
@@ -63,9 +65,24 @@ BUSY = -1
 
 
 def build_hooks(attempt: Attempt) -> list[Hook]:
-    """In call order. Checkpoint first: its on_start restores the state the others then report."""
+    """In call order. The resume self-check first, so that a diverged resume stops before the checkpoint
+    hook saves it (its on_start does nothing); then checkpoints: its on_start restores the state the
+    others report."""
     checkpoints = CheckpointHook(attempt.fence, attempt.number)
-    return [checkpoints, CollectiveTimeoutHook(), MetricsHook(), NanGuardHook(checkpoints), PreemptionHook()]
+    metrics = MetricsHook()
+    witness = WitnessHook(metrics)  # after checkpoints: it reads the restored state, witnesses the saved one
+    resume_check = ResumeCheckHook(
+        metrics, lambda: checkpoints.restore_facts.get("layout_changed", False), lambda: witness.active
+    )
+    return [
+        resume_check,
+        checkpoints,
+        witness,
+        CollectiveTimeoutHook(),
+        metrics,
+        NanGuardHook(checkpoints),
+        PreemptionHook(),
+    ]
 
 
 def exit_code(cfg: JobConfig, stop_reason: StopReason | None) -> int:

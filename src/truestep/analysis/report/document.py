@@ -52,7 +52,7 @@ def ordered_runs(group: GroupSummary) -> list[RunAnalysis]:
 
 def runs_table(group: GroupSummary) -> Table:
     return Table(
-        ["run", "faults", "resumes", "verdict", "first divergent", "first violation", "bitwise"]
+        ["run", "faults", "resumes", "verdict", "self-check", "first divergent", "first violation", "bitwise"]
         + ["plain goodput", "correct goodput", "mean MTTR"],
         [
             [
@@ -60,6 +60,7 @@ def runs_table(group: GroupSummary) -> Table:
                 str(len(r.faults)),
                 str(r.resumes),
                 r.verdict.label if r.role != "reference" else "reference",
+                r.self_check,
                 fmt_step(r.comparison.first_divergent_step if r.comparison else None),
                 fmt_step(r.verdict.first_violation_step),
                 fmt_pct(r.comparison.fraction_bitwise_equal if r.comparison else None),

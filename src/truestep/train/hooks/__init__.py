@@ -10,7 +10,9 @@ from truestep.train.hooks.checkpointing import CheckpointHook
 from truestep.train.hooks.metrics import MetricsHook
 from truestep.train.hooks.nan_guard import NanGuardHook
 from truestep.train.hooks.preemption import PreemptionHook
+from truestep.train.hooks.resume_check import ResumeCheckHook
 from truestep.train.hooks.timeouts import CollectiveTimeoutHook
+from truestep.train.hooks.witness import WitnessHook
 
 __all__ = [
     "CheckpointHook",
@@ -19,4 +21,6 @@ __all__ = [
     "MetricsHook",
     "NanGuardHook",
     "PreemptionHook",
+    "ResumeCheckHook",
+    "WitnessHook",
 ]

@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from truestep.checkpoint.catalog import committed_dirs, run_checkpoint_root
 from truestep.checkpoint.errors import CheckpointContentError, ResumeError
@@ -21,6 +21,7 @@ from truestep.faults.hooks import fault_point
 from truestep.faults.hooks import set_context as set_fault_context
 from truestep.telemetry.digest import param_digest
 from truestep.train.hooks.base import Hook
+from truestep.train.restored_digest import verify_restored_digest
 
 if TYPE_CHECKING:
     from truestep.train.trainer import StepResult, Trainer
@@ -41,6 +42,8 @@ class CheckpointHook(Hook):
         self.fence = fence
         self.attempt = attempt
         self.checkpointer: Checkpointer | None = None
+        self.restore_facts: dict[str, Any] = {}
+        """What the last restore reported (checkpoint.state.restore), for the resume self-check."""
 
     def on_start(self, trainer: Trainer) -> None:
         cfg = trainer.cfg.checkpoint
@@ -95,6 +98,8 @@ class CheckpointHook(Hook):
                 f"{trainer.cfg.train.max_steps}: it belongs to a longer run. Raise train.max_steps to continue "
                 "it, or use another run directory"
             )
+        facts.update(verify_restored_digest(trainer, ckpt_dir, facts))
+        self.restore_facts = facts
         trainer.status.step = trainer.state.step
         self.checkpointer.last_saved_step = trainer.state.step
         trainer.logs.event(

@@ -18,6 +18,18 @@ if TYPE_CHECKING:
     from truestep.train.trainer import StepResult, Trainer
 
 
+def step_fields(trainer: Trainer, result: StepResult) -> dict[str, float | int]:
+    """The scalars of a step's metrics line (the resume self-check compares a replayed step by them)."""
+    return {
+        "step": trainer.state.step,
+        "loss": result.loss,
+        "grad_norm": result.grad_norm,
+        "lr": result.lr,
+        "tokens_seen": trainer.state.tokens_seen,
+        "step_time": result.step_time,
+    }
+
+
 class MetricsHook(Hook):
     def __init__(self) -> None:
         self.progress: Progress | None = None
@@ -34,14 +46,7 @@ class MetricsHook(Hook):
 
     def after_step(self, trainer: Trainer, result: StepResult) -> None:
         state = trainer.state
-        fields = {
-            "step": state.step,
-            "loss": result.loss,
-            "grad_norm": result.grad_norm,
-            "lr": result.lr,
-            "tokens_seen": state.tokens_seen,
-            "step_time": result.step_time,
-        }
+        fields = step_fields(trainer, result)
         per_source = trainer.loader.tokens_per_source()
         # A mixture also logs the tokens drawn from each source, by its configured path.
         trainer.logs.metrics(
