@@ -12,8 +12,11 @@ from typing import Any
 from truestep.config.errors import ConfigError
 from truestep.config.schema import JobConfig
 from truestep.config.validate import validate
+from truestep.core.fsio import read_regular
 
 PRESET_PACKAGE = "truestep.presets"
+CONFIG_LIMIT = 1 << 20
+"""A config file is a few KiB; one over 1 MiB is refused unread."""
 
 
 def preset_names() -> list[str]:
@@ -24,8 +27,8 @@ def preset_names() -> list[str]:
 def read_toml(spec: str) -> tuple[dict[str, Any], str]:
     """Read a config file path or a preset name; returns (table, source description)."""
     path = Path(spec)
-    if path.is_file():
-        text, source = path.read_text(encoding="utf-8"), str(path)
+    if path.exists():
+        text, source = read_config_text(path, follow_symlinks=True), str(path)
     elif spec in preset_names():
         text = resources.files(PRESET_PACKAGE).joinpath(f"{spec}.toml").read_text()
         source = f"preset:{spec}"
@@ -33,8 +36,23 @@ def read_toml(spec: str) -> tuple[dict[str, Any], str]:
         raise ConfigError(
             f"config {spec!r} is neither a file nor a preset; presets: {', '.join(preset_names())}"
         )
+    return parse_toml(text, source), source
+
+
+def read_config_text(path: Path, follow_symlinks: bool = False) -> str:
+    """A config file's text through the bounded reader: a FIFO, device, directory or a file over
+    CONFIG_LIMIT bytes is a one-line ConfigError (never a blocking or unbounded read)."""
     try:
-        return tomllib.loads(text), source
+        data = read_regular(path, CONFIG_LIMIT, follow_symlinks=follow_symlinks)
+        return data.decode("utf-8")
+    except (OSError, ValueError) as err:  # UnsafePathError, OversizeFileError, UnicodeDecodeError
+        reason = err.strerror if isinstance(err, OSError) and err.strerror else " ".join(str(err).split())
+        raise ConfigError(f"config {path}: {reason}") from None
+
+
+def parse_toml(text: str, source: str) -> dict[str, Any]:
+    try:
+        return tomllib.loads(text)
     except tomllib.TOMLDecodeError as err:
         raise ConfigError(f"{source}: invalid TOML: {err}") from err
 

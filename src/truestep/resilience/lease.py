@@ -29,6 +29,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from truestep.core.control_files import ControlFileError, read_control_json, read_log_tail, require
 from truestep.core.errors import FencedError, RunDirBusyError
 from truestep.core.fsio import atomic_write
 from truestep.core.names import EVENTS_FILE, LEASE_FILE, LEASE_LOCK_FILE
@@ -98,39 +99,64 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+_HOLDER_TYPES: dict[str, type | tuple[type, ...]] = {
+    "job": str,
+    "host": str,
+    "boot_id": str,
+    "pid": int,
+    "pid_start": (int, type(None)),
+    "incarnation": int,
+    "acquired_at": (int, float),
+    "renewed_at": (int, float),
+    "generation": str,
+    "released": bool,
+    "hub_port": int,
+    "attempt_begun": bool,
+}
+"""Each lease field's type; a field of another type makes the lease unreadable (a string pid, ...)."""
+_HOLDER_OPTIONAL = ("generation", "released", "hub_port", "attempt_begun")
+"""Fields a lease from an older truestep may lack (their defaults apply)."""
+
+
 def read_lease(run_dir: Path) -> Holder | None:
-    """The lease as recorded, or None when there is none. A lease file that does not parse is refused
-    (RunDirBusyError naming it), never silently replaced: it may belong to a live job."""
+    """The lease as recorded, or None when there is none. A lease that is not a regular file of sane
+    size holding a well-typed truestep lease (a FIFO, a symlink, 16 GiB, a string pid) is refused with
+    one line (RunDirBusyError naming it), never silently replaced: it may belong to a live job."""
     path = run_dir / LEASE_FILE
     try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        return None
-    try:
-        data = json.loads(raw)
-        if not isinstance(data, dict) or data.get("format") != LEASE_FORMAT:
-            raise ValueError("not a truestep lease")
-        return Holder(**{k: data[k] for k in Holder.__dataclass_fields__ if k in data})
-    except (ValueError, TypeError, RecursionError) as err:
+        data = read_control_json(path)
+        if data is None:
+            return None
+        if data.get("format") != LEASE_FORMAT:
+            raise ControlFileError(f"{path}: not a truestep lease")
+        values = {
+            key: require(data, path, key, kind)
+            for key, kind in _HOLDER_TYPES.items()
+            if key in data or key not in _HOLDER_OPTIONAL
+        }
+    except ControlFileError as err:
         raise RunDirBusyError(
-            f"{path} is not a readable truestep lease ({err}); if no job uses {run_dir}, delete it"
+            f"{err}; refusing to use it as the lease of {run_dir} (if no job uses it, delete it)"
         ) from None
+    return Holder(**values)
 
 
 def _last_attempt_in_events(run_dir: Path) -> int:
-    """The highest attempt any record of events.jsonl names (a run directory from before leases)."""
-    path = run_dir / EVENTS_FILE
-    if not path.is_file():
+    """The highest attempt any record of events.jsonl names (a run directory from before leases). Only
+    the log's tail is read (attempts only grow); a log that is not a regular file counts as none."""
+    try:
+        lines = read_log_tail(run_dir / EVENTS_FILE)
+    except ControlFileError:
         return -1
     highest = -1
-    with open(path, encoding="utf-8", errors="replace") as f:
-        for line in f:
-            try:
-                value = json.loads(line).get("attempt")
-            except (ValueError, AttributeError, RecursionError):
-                continue
-            if isinstance(value, int) and value > highest:
-                highest = value
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except (ValueError, RecursionError):
+            continue
+        value = record.get("attempt") if isinstance(record, dict) else None
+        if isinstance(value, int) and not isinstance(value, bool) and value > highest:
+            highest = value
     return highest
 
 
