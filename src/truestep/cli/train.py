@@ -15,6 +15,7 @@ from truestep.config.load import load_config
 from truestep.core.errors import UsageError, end_process
 from truestep.core.launch import Launch
 from truestep.core.names import ENV_CONFIG_FILE
+from truestep.faults.optin import ALLOW_FLAG, faults_to_arm
 from truestep.train.rank import run_rank
 
 
@@ -27,13 +28,18 @@ def train_main(argv: list[str]) -> int:
     parser.add_argument(
         "--fault", action="append", default=[], help="fault spec (repeatable); see docs/faults.md"
     )
+    parser.add_argument(
+        ALLOW_FLAG, action="store_true", help="arm the faults of $TRUESTEP_FAULTS (docs/faults.md)"
+    )
     args, overrides = parser.parse_known_args(argv)
-    launch = Launch.from_env().with_faults(args.fault)
+    launch = Launch.from_env()
     if launch.config_file and args.config is not None:
         raise UsageError(
             f"this rank was launched with the config file {launch.config_file} ({ENV_CONFIG_FILE}); "
             f"it cannot also load {args.config}"
         )
     cfg = load_config(launch.config_file or args.config or "tiny", overrides)
+    allowed = args.allow_env_faults or cfg.run.allow_env_faults
+    launch = faults_to_arm(launch, args.fault, allowed, "truestep train")
     # The rank returns its code; the process leaves through os._exit (core.errors.end_process: why).
     end_process(run_rank(cfg, launch))

@@ -20,6 +20,7 @@ record before torch is imported.
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 import time
@@ -170,7 +171,7 @@ class Launch:
             run_dir=env.get(ENV_RUN_DIR, ""),
             config_file=env.get(ENV_CONFIG_FILE, ""),
             faults=env.get(ENV_FAULTS, ""),
-            debug=env.get(ENV_DEBUG) == "1",
+            debug=_debug_flag(env),
         )
         launch.validate()
         return launch
@@ -221,9 +222,12 @@ def _float(env: Mapping[str, str], name: str) -> float | None:
     if raw == "":
         return None
     try:
-        return float(raw)
+        value = float(raw)
     except ValueError:
-        raise LaunchError(f"{name}={raw!r} is not a number (a wall-clock time in seconds)") from None
+        value = math.nan
+    if not math.isfinite(value) or value < 0:
+        raise LaunchError(f"{name}={raw!r} is not a number (a wall-clock time in seconds)")
+    return value
 
 
 def without_launch(environ: Mapping[str, str]) -> dict[str, str]:
@@ -237,8 +241,16 @@ def without_launch(environ: Mapping[str, str]) -> dict[str, str]:
 
 
 def debug_requested(environ: Mapping[str, str] | None = None) -> bool:
-    """`truestep --debug` was given to this process or to the one that started it."""
+    """`truestep --debug` was given to this process or to the one that started it (TRUESTEP_DEBUG=1).
+    Never raises (it decides how an error is reported); `Launch.from_env` refuses a malformed value."""
     return (os.environ if environ is None else environ).get(ENV_DEBUG) == "1"
+
+
+def _debug_flag(env: Mapping[str, str]) -> bool:
+    raw = env.get(ENV_DEBUG, "")
+    if raw not in ("", "0", "1"):
+        raise LaunchError(f"{ENV_DEBUG}={raw!r} is not 1 or 0")
+    return raw == "1"
 
 
 def request_debug(environ: MutableMapping[str, str] | None = None) -> None:
@@ -247,5 +259,10 @@ def request_debug(environ: MutableMapping[str, str] | None = None) -> None:
 
 
 def cache_root(environ: Mapping[str, str] | None = None) -> str:
-    """Where the user asked the demo corpus to be cached (TRUESTEP_CACHE), or "" for the default."""
-    return (os.environ if environ is None else environ).get(ENV_CACHE, "")
+    """Where the user asked the demo corpus to be cached (TRUESTEP_CACHE), or "" for the default; an
+    absolute path (after `~` expansion) or a one-line LaunchError. Who may write it is checked where the
+    cache is used (data/demo.py)."""
+    raw = (os.environ if environ is None else environ).get(ENV_CACHE, "")
+    if raw and ("\0" in raw or not os.path.isabs(os.path.expanduser(raw))):
+        raise LaunchError(f"{ENV_CACHE}={raw!r} is not an absolute directory path")
+    return raw
