@@ -23,6 +23,7 @@ import os
 import socket
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
@@ -74,6 +75,10 @@ class Holder:
     attempt_begun: bool = False
     """The holder has begun an attempt: `incarnation` is its number. Right after acquire it still holds
     the previous launch's number, which the other nodes must not start."""
+    run_id: str = ""
+    """The run directory's identity: a UUID made by the first lease taken on it and kept by every later
+    holder. Commit markers record it, so checkpoints copied from another run directory are recognised
+    (checkpoint/ownership.py). "" only in a lease written by an older truestep."""
 
     def describe(self) -> str:
         since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.acquired_at))
@@ -112,9 +117,10 @@ _HOLDER_TYPES: dict[str, type | tuple[type, ...]] = {
     "released": bool,
     "hub_port": int,
     "attempt_begun": bool,
+    "run_id": str,
 }
 """Each lease field's type; a field of another type makes the lease unreadable (a string pid, ...)."""
-_HOLDER_OPTIONAL = ("generation", "released", "hub_port", "attempt_begun")
+_HOLDER_OPTIONAL = ("generation", "released", "hub_port", "attempt_begun", "run_id")
 """Fields a lease from an older truestep may lack (their defaults apply)."""
 
 
@@ -211,6 +217,7 @@ class RunDirLease:
                 now,
                 self.generation,
                 hub_port=hub_port,
+                run_id=current.run_id if current is not None and current.run_id else uuid.uuid4().hex,
             )
             self._write(mine)
             self.incarnation = floor
