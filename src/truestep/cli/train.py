@@ -10,7 +10,9 @@ attempt's resolved config its launch record names (TRUESTEP_CONFIG_FILE), never 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
+from truestep.config.attempt import load_attempt_config
 from truestep.config.load import load_config
 from truestep.core.errors import UsageError, end_process
 from truestep.core.launch import Launch
@@ -38,7 +40,10 @@ def train_main(argv: list[str]) -> int:
             f"this rank was launched with the config file {launch.config_file} ({ENV_CONFIG_FILE}); "
             f"it cannot also load {args.config}"
         )
-    cfg = load_config(launch.config_file or args.config or "tiny", overrides)
+    if launch.config_file:  # the supervisor's attempt config, verified against the hash it handed over
+        cfg = load_attempt_config(Path(launch.config_file), launch.config_sha256, overrides)
+    else:
+        cfg = load_config(args.config or "tiny", overrides)
     allowed = args.allow_env_faults or cfg.run.allow_env_faults
     launch = faults_to_arm(launch, args.fault, allowed, "truestep train")
     # The rank returns its code; the process leaves through os._exit (core.errors.end_process: why).

@@ -165,10 +165,14 @@ def apply_overrides(cfg: JobConfig, overrides: list[str]) -> None:
 
 def load_config(spec: str | None, overrides: list[str] | None = None) -> JobConfig:
     """Defaults <- TOML file or preset (if given) <- overrides. Validates world-independent rules."""
+    table, source = read_toml(spec) if spec else ({}, "defaults")
+    return config_from_table(table, source, overrides)
+
+
+def config_from_table(table: dict[str, Any], source: str, overrides: list[str] | None = None) -> JobConfig:
+    """Defaults <- `table` (parsed TOML from `source`) <- overrides, validated."""
     cfg = JobConfig()
-    if spec:
-        table, source = read_toml(spec)
-        apply_table(cfg, table, source)
+    apply_table(cfg, table, source)
     apply_overrides(cfg, overrides or [])
     validate(cfg)
     return cfg

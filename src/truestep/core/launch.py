@@ -32,6 +32,7 @@ from truestep.core.names import (
     ENV_ATTEMPT,
     ENV_CACHE,
     ENV_CONFIG_FILE,
+    ENV_CONFIG_SHA256,
     ENV_DEBUG,
     ENV_FAULTS,
     ENV_JOB_GENERATION,
@@ -62,12 +63,13 @@ _ENV_NAMES = {
     "supervisor_pid": ENV_SUPERVISOR_PID,
     "run_dir": ENV_RUN_DIR,
     "config_file": ENV_CONFIG_FILE,
+    "config_sha256": ENV_CONFIG_SHA256,
     "faults": ENV_FAULTS,
     "debug": ENV_DEBUG,
 }
 """Launch field -> the environment variable that carries it."""
 
-PER_ATTEMPT = ("attempt", "master_port", "config_file")
+PER_ATTEMPT = ("attempt", "master_port", "config_file", "config_sha256")
 """The fields that change from one attempt of a rank slot to the next (a warm standby learns them at its
 handoff; everything else it must already have been started with)."""
 PER_ATTEMPT_ENV = tuple(_ENV_NAMES[name] for name in PER_ATTEMPT)
@@ -106,6 +108,9 @@ class Launch:
     """The run directory the supervisor runs this rank for ("" = the config's)."""
     config_file: str = ""
     """The resolved config file of this attempt the supervisor wrote for its ranks ("" = none)."""
+    config_sha256: str = ""
+    """SHA-256 (hex) of `config_file` as the supervisor wrote it; the rank loads it only if it matches
+    (config/attempt.py). Required of a supervised rank with a config file."""
     faults: str = ""
     """';'-separated fault specs armed in this rank (docs/faults.md)."""
     debug: bool = False
@@ -170,6 +175,7 @@ class Launch:
             supervisor_pid=_int(env, ENV_SUPERVISOR_PID, None, low=1),
             run_dir=env.get(ENV_RUN_DIR, ""),
             config_file=env.get(ENV_CONFIG_FILE, ""),
+            config_sha256=env.get(ENV_CONFIG_SHA256, ""),
             faults=env.get(ENV_FAULTS, ""),
             debug=_debug_flag(env),
         )
@@ -184,6 +190,13 @@ class Launch:
             raise LaunchError(
                 f"{LOCAL_RANK}={self.local_rank} is not a local rank of {LOCAL_WORLD_SIZE}="
                 f"{self.local_world_size}"
+            )
+        if self.config_sha256 and not _is_sha256(self.config_sha256):
+            raise LaunchError(f"{ENV_CONFIG_SHA256}={self.config_sha256!r:.80} is not a SHA-256 in hex")
+        if self.supervised and self.config_file and not self.config_sha256:
+            raise LaunchError(
+                f"{ENV_CONFIG_FILE} is set but {ENV_CONFIG_SHA256} is not: a supervised rank loads only the "
+                "attempt config its supervisor wrote and hashed"
             )
         if self.supervised and not self.job:
             raise LaunchError(
@@ -228,6 +241,10 @@ def _float(env: Mapping[str, str], name: str) -> float | None:
     if not math.isfinite(value) or value < 0:
         raise LaunchError(f"{name}={raw!r} is not a number (a wall-clock time in seconds)")
     return value
+
+
+def _is_sha256(text: str) -> bool:
+    return len(text) == 64 and all(c in "0123456789abcdef" for c in text)
 
 
 def without_launch(environ: Mapping[str, str]) -> dict[str, str]:
