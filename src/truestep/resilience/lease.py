@@ -7,8 +7,11 @@ requeue) and handed to every rank. Every read-modify-write happens under `flock(
 - A second job is refused while the holder lives, with a message naming it. A holder on this host is
   alive iff its pid runs with the recorded start time (pid reuse and reboots are recognised); on another
   host (a shared filesystem), iff it renewed the lease within `ttl_s`.
-- The same job (a SLURM requeue keeps its job id) takes over at once: the scheduler has ended the old
-  incarnation, and whatever survives of it (an orphan, a partitioned node) is fenced.
+- The same job's next launch (a SLURM requeue keeps its job id and counts SLURM_RESTART_COUNT, the
+  launch's generation) takes over at once: the scheduler has ended the old launch, and whatever survives
+  of it (an orphan, a partitioned node) is fenced. The same job id with no newer generation is no proof
+  (two job steps of one allocation, an exported TRUESTEP_JOB_ID): refused like another job while the
+  holder lives.
 - Fencing: a writer checks that the lease still names its job and incarnation before it publishes
   (commit markers record the incarnation) and ranks check it every few seconds; a stale writer stops
   with exit code FENCED instead of writing into a directory the job has moved on from.
@@ -198,10 +201,16 @@ class RunDirLease:
         when one was taken over (for the event log). `hub_port` is published for the other nodes."""
         with self._locked():
             current = read_lease(self.run_dir)
-            if current is not None and current.job != self.job and current.alive(self.ttl_s):
+            if current is not None and current.alive(self.ttl_s) and not self._may_take_over(current):
+                same = " (the same job id: a second launch of a job is refused unless it is the job's next "
+                same += (
+                    "launch, with a newer generation / SLURM restart count)"
+                    if current.job == self.job
+                    else ""
+                )
                 raise RunDirBusyError(
-                    f"run directory {self.run_dir} is in use by {current.describe()}; wait for it to end, "
-                    f"or use another --run.dir"
+                    f"run directory {self.run_dir} is in use by {current.describe()}{same}; wait for it to "
+                    "end, or use another --run.dir"
                 )
             floor = current.incarnation if current is not None else _last_attempt_in_events(self.run_dir)
             now = time.time()
@@ -222,6 +231,17 @@ class RunDirLease:
             self._write(mine)
             self.incarnation = floor
         return current if current is not None and not current.released else None
+
+    def _may_take_over(self, live: Holder) -> bool:
+        """A live holder yields only to its own job's *next* launch: the same job id with a newer
+        generation (a requeue: the scheduler has ended the old launch, whatever survives of it is
+        fenced). The same job id alone proves nothing: two job steps of one SLURM allocation, or an
+        exported TRUESTEP_JOB_ID, share it, and the second must not fence the first."""
+        if live.job != self.job:
+            return False
+        if live.host == socket.gethostname() and live.pid == os.getpid():
+            return True  # this very process, taking its own lease again
+        return _is_newer(self.generation, live.generation)
 
     def begin_attempt(self) -> int:
         """Bump the incarnation: the number of the attempt about to start, job-wide."""
@@ -274,6 +294,12 @@ class RunDirLease:
 
         self._keeper = threading.Thread(target=loop, name="truestep-lease", daemon=True)
         self._keeper.start()
+
+
+def _is_newer(mine: str, theirs: str) -> bool:
+    """Generation `mine` provably comes after `theirs`: both counts (SLURM_RESTART_COUNT,
+    TRUESTEP_JOB_GENERATION) and mine larger. Anything else (equal, or not both numbers) is not proof."""
+    return mine.isdigit() and theirs.isdigit() and int(mine) > int(theirs)
 
 
 def check_fence(
