@@ -42,7 +42,7 @@ def job_cmd(run_dir: Path, args: argparse.Namespace, extra: list[str]) -> list[s
         sys.executable, "-m", "truestep", "launch", "demo", "--nproc=2", "--max-restarts=100000",
         f"--run.dir={run_dir}", f"--train.max_steps={args.steps}", f"--checkpoint.interval={args.interval}",
         f"--checkpoint.keep_last_n={args.keep_last_n}", f"--checkpoint.keep_quarantined={args.keep_quarantined}",
-        *extra,
+        "--allow-env-faults", *extra,  # run_job arms this soak's faults through TRUESTEP_FAULTS
     ]  # fmt: skip
 
 

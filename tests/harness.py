@@ -60,6 +60,8 @@ def launch(
 ) -> subprocess.CompletedProcess:
     """Run `truestep train` on the tiny test model; nproc > 1 goes through torchrun --standalone."""
     args = ["train", config, f"--run.dir={run_dir}", *TINY, *overrides]
+    if (env or {}).get("TRUESTEP_FAULTS"):
+        args.append("--allow-env-faults")  # this test arms faults through the environment on purpose
     if nproc == 1:
         cmd = [sys.executable, "-m", "truestep", *args]
     else:

@@ -57,6 +57,8 @@ def supervise(
     extra = dict(env or {})
     if faults:
         extra["TRUESTEP_FAULTS"] = faults
+    if extra.get("TRUESTEP_FAULTS"):
+        cmd.append("--allow-env-faults")  # this test arms faults through the environment on purpose
     return subprocess.Popen(
         cmd, env=truestep_env(extra), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )

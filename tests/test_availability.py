@@ -141,6 +141,7 @@ def test_ctrl_c_saves_and_stops_without_a_restart(supervised_reference: Path, tm
 def test_a_second_ctrl_c_stops_at_once(tmp_path: Path) -> None:
     env = truestep_env({"TRUESTEP_FAULTS": "sleep:at=train:step:step=4:seconds=60"})
     cmd = [sys.executable, "-m", "truestep", "train", "tiny", f"--run.dir={tmp_path}", *TINY]
+    cmd.append("--allow-env-faults")
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     wait_for_event(tmp_path, "fault_injected")
     proc.send_signal(signal.SIGINT)  # graceful: would save at the end of the stalled step

@@ -38,6 +38,7 @@ FULL = Launch(
     supervisor_pid=4242,
     run_dir="/runs/x",
     config_file="/runs/x/attempts/attempt00003-node1.toml",
+    config_sha256="ab" * 32,
     faults="kill:rank=1:step=3",
     debug=True,
 )
@@ -113,7 +114,7 @@ def test_the_supervisor_writes_one_record_per_rank_slot_and_attempt(tmp_path: Pa
     own = Launch.from_env({"TRUESTEP_FAULTS": "kill:rank=3:step=2", "TRUESTEP_JOB_GENERATION": "4"})
     spec = LaunchSpec(nproc=2, nnodes=2, node_rank=1, master_addr="node0", job_id="job", launch=own)
     node = node_launch(spec, 123.5, tmp_path)
-    records = [rank_launch(node, local, 7, 29500, tmp_path / "cfg.toml") for local in range(2)]
+    records = [rank_launch(node, local, 7, 29500, tmp_path / "cfg.toml", "ab" * 32) for local in range(2)]
     assert [(r.rank, r.local_rank, r.node) for r in records] == [(2, 0, 1), (3, 1, 1)]
     for record in records:
         assert (record.world_size, record.local_world_size, record.attempt) == (4, 2, 7)
@@ -125,7 +126,7 @@ def test_the_supervisor_writes_one_record_per_rank_slot_and_attempt(tmp_path: Pa
         )
         assert Launch.from_env(record.to_env()) == record  # what the rank reads is what was written
     # Two attempts of one slot differ only in the per-attempt fields (what a warm standby may learn).
-    later = rank_launch(node, 1, 8, 29501, tmp_path / "cfg2.toml")
+    later = rank_launch(node, 1, 8, 29501, tmp_path / "cfg2.toml", "cd" * 32)
     differ = {
         k
         for k in {**records[1].to_env(), **later.to_env()}
@@ -154,7 +155,9 @@ def test_a_standby_adopts_the_record_it_is_handed_whole(tmp_path: Path) -> None:
     template = Launch(
         rank=1, world_size=2, local_rank=1, local_world_size=2, attempt=0, job="j", supervisor_pid=1
     )
-    handed = template.for_rank(attempt=1, master_port=2345, config_file=str(tmp_path / "attempt1.toml"))
+    handed = template.for_rank(
+        attempt=1, master_port=2345, config_file=str(tmp_path / "attempt1.toml"), config_sha256="ef" * 32
+    )
     saved_env, saved_argv, saved_start = dict(os.environ), list(sys.argv), truestep.STARTED_AT
     ours, theirs = socket.socketpair()
     try:

@@ -34,7 +34,7 @@ def start_job(run_dir: Path, generation: int, *overrides: str, faults: str = "")
     env = truestep_env({"TRUESTEP_JOB_GENERATION": str(generation), "TRUESTEP_FAULTS": faults})
     return [
         subprocess.Popen(
-            [*launch_cmd(run_dir, *overrides, nproc=1), *nodes, f"--node-rank={node}"],
+            [*launch_cmd(run_dir, *overrides, nproc=1), *nodes, f"--node-rank={node}", "--allow-env-faults"],
             env=env,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,

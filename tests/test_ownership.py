@@ -194,7 +194,7 @@ def test_attempt_numbers_agree_across_nodes(supervised_reference: Path, tmp_path
     env = truestep_env({"TRUESTEP_FAULTS": "kill:rank=1:step=8"})
     procs = []
     for node in (0, 1):
-        cmd = launch_cmd(tmp_path, nproc=1) + [*nodes, f"--node-rank={node}"]
+        cmd = launch_cmd(tmp_path, nproc=1) + [*nodes, f"--node-rank={node}", "--allow-env-faults"]
         procs.append(
             subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         )

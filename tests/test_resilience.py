@@ -127,7 +127,7 @@ def test_a_stalled_training_step_is_declared_hung(tmp_path: Path) -> None:
 def test_forced_exit_deadline_when_graceful_stop_stalls(tmp_path: Path) -> None:
     env = truestep_env({"TRUESTEP_FAULTS": "sleep:at=train:step:step=6:seconds=60"})
     cmd = [sys.executable, "-m", "truestep", "train", "tiny", f"--run.dir={tmp_path}", *TINY, *COMMON]
-    cmd += ["--resilience.exit_deadline_s=2"]
+    cmd += ["--resilience.exit_deadline_s=2", "--allow-env-faults"]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     wait_for_step(tmp_path, 0, 5)
     time.sleep(0.5)  # now inside the stalled step 6

@@ -40,6 +40,7 @@ class Launch:
         env = job_env({"TRUESTEP_JOB_GENERATION": str(generation)})
         if faults:
             env["TRUESTEP_FAULTS"] = faults
+            extra = (*extra, "--run.allow_env_faults=true")  # armed through the environment on purpose
         master = netns.addr(nodes[0])
         self.logs = [run_dir.parent / f"launch{generation}-node{i}.log" for i in range(len(nodes))]
         self.procs = [

@@ -86,6 +86,7 @@ def submit_training(
     env["SLURM_CONF"] = slurm.env["SLURM_CONF"]
     if faults:
         env["TRUESTEP_FAULTS"] = faults
+        extra = (*extra, "--run.allow_env_faults=true")  # armed through the environment on purpose
     script_args: tuple[str, ...] = ()
     if launcher == "train":
         env["TRUESTEP_CMD"] = shlex.join([*TRUESTEP, "train", "tiny", *overrides(run_dir, steps, extra)])

@@ -78,12 +78,20 @@ def write_manifest(ckpt_dir: Path, step: int) -> bytes:
     return blob
 
 
-def write_marker(ckpt_dir: Path, step: int, manifest_blob: bytes, incarnation: int | None = None) -> None:
+def write_marker(
+    ckpt_dir: Path,
+    step: int,
+    manifest_blob: bytes,
+    incarnation: int | None = None,
+    writer: dict[str, Any] | None = None,
+) -> None:
+    """`writer`: who commits it (checkpoint/ownership.py `marker_identity`: run_id and incarnation)."""
     marker = {
         "step": step,
         "manifest_sha256": hashlib.sha256(manifest_blob).hexdigest(),
         "committed_at": time.time(),
         "incarnation": incarnation,
+        **(writer or {}),
     }
     atomic_write(ckpt_dir / MARKER, json.dumps(marker).encode())
 

@@ -32,12 +32,12 @@ from torch.distributed.checkpoint.filesystem import FileSystem
 
 from truestep.checkpoint.catalog import (
     LATEST,
-    committed_dirs,
     quarantined_past,
     set_aside_step,
     step_dir_name,
 )
-from truestep.checkpoint.manifest import VerifyError, read_marker, write_manifest, write_marker
+from truestep.checkpoint.manifest import VerifyError, write_manifest, write_marker
+from truestep.checkpoint.ownership import marker_identity, newer_own_commit, own_committed
 from truestep.checkpoint.safe_dcp import silence_single_process_saves, single_process
 from truestep.checkpoint.state import Checkpointable, write_rank_state
 from truestep.checkpoint.unstaged import mutate_in_place, unstaged_async_save
@@ -117,6 +117,7 @@ class Checkpointer:
         trajectory_keys: dict[str, Any],
         fence: Callable[[], None],
         incarnation: int,
+        run_id: str = "",
     ) -> None:
         self.root = root
         self.cfg = cfg
@@ -125,6 +126,8 @@ class Checkpointer:
         self.trajectory_keys = trajectory_keys
         self.fence = fence
         self.incarnation = incarnation
+        self.run_id = run_id
+        """The run directory's identity (its lease's): markers record it; see checkpoint/ownership.py."""
         self.pending: PendingSave | None = None
         self._committer: threading.Thread | None = None
         self._commit_error: BaseException | None = None
@@ -245,14 +248,12 @@ class Checkpointer:
     def _check_fence(self) -> None:
         """Refuse to publish if a newer attempt owns the run directory or committed after us."""
         self.fence()
-        newest = committed_dirs(self.root)[:1]
-        if newest:
-            theirs = read_marker(newest[0]).get("incarnation")
-            if isinstance(theirs, int) and theirs > self.incarnation:
-                raise FencedError(
-                    f"{newest[0].name} was committed by attempt {theirs}, newer than this attempt "
-                    f"({self.incarnation}); not publishing an older attempt's checkpoint"
-                )
+        newer = newer_own_commit(self.root, self.run_id, self.incarnation)  # copied ones never count
+        if newer is not None:
+            raise FencedError(
+                f"{newer[0].name} was committed by attempt {newer[1]}, newer than this attempt "
+                f"({self.incarnation}); not publishing an older attempt's checkpoint"
+            )
 
     def _commit(self, pending: PendingSave) -> None:
         started = time.perf_counter()
@@ -267,7 +268,8 @@ class Checkpointer:
                 ) from err
             fault_point("save:before-marker", step=pending.step)
             self._check_fence()
-            write_marker(pending.ckpt_dir, pending.step, manifest, self.incarnation)
+            writer = marker_identity(self.run_id, self.incarnation)
+            write_marker(pending.ckpt_dir, pending.step, manifest, self.incarnation, writer)
             fault_point("save:after-marker", step=pending.step)
         atomic_write(self.root / LATEST, (pending.ckpt_dir.name + "\n").encode())  # a hint only
         self.logs.event("checkpoint_commit", step=pending.step, commit_s=time.perf_counter() - started)
@@ -278,7 +280,8 @@ class Checkpointer:
         keep_quarantined quarantined ones: the step just committed is newer than any of them."""
         self._remove(quarantined_past(self.root, self.cfg.keep_quarantined), "keep_quarantined")
         if self.cfg.keep_last_n > 0:
-            self._remove(committed_dirs(self.root)[self.cfg.keep_last_n :], "keep_last_n")
+            # Only this run's own: a checkpoint copied from another run directory is read-only to us.
+            self._remove(own_committed(self.root, self.run_id)[self.cfg.keep_last_n :], "keep_last_n")
 
     def _remove(self, dirs: list[Path], rule: str) -> None:
         keep = getattr(self.cfg, rule)

@@ -10,6 +10,7 @@ from truestep.config.validate import validate_layout
 from truestep.core.launch import Launch
 from truestep.core.names import ENV_JOB_ID
 from truestep.core.rundir import check_run_dir
+from truestep.faults.optin import ALLOW_FLAG, faults_to_arm
 from truestep.faults.spec import parse_faults
 from truestep.resilience.supervisor import LaunchSpec, run_supervisor
 
@@ -38,6 +39,9 @@ def launch_main(argv: list[str]) -> int:
     parser.add_argument(
         "--fault", action="append", default=[], help="fault spec (repeatable); see docs/faults.md"
     )
+    parser.add_argument(
+        ALLOW_FLAG, action="store_true", help="arm the faults of $TRUESTEP_FAULTS (docs/faults.md)"
+    )
     args, overrides = parser.parse_known_args(argv)
     if args.nproc < 1 or args.nnodes < 1 or args.max_restarts < 0:
         parser.error("--nproc and --nnodes must be >= 1, --max-restarts >= 0")
@@ -46,7 +50,9 @@ def launch_main(argv: list[str]) -> int:
     if args.nnodes > 1 and not args.master_port:
         parser.error("--master-port is required with --nnodes > 1 (all nodes must agree on it)")
     cfg = load_config(args.config, overrides)
-    launch = Launch.from_env().with_faults(args.fault)  # what every rank's launch record inherits
+    allowed = args.allow_env_faults or cfg.run.allow_env_faults
+    # What every rank's launch record inherits (refused here if TRUESTEP_FAULTS was not asked for).
+    launch = faults_to_arm(Launch.from_env(), args.fault, allowed, "truestep launch")
     for spec in parse_faults(launch.faults):  # reject a bad spec here, not in N children
         if spec.node is not None and not 0 <= spec.node < args.nnodes:
             parser.error(

@@ -15,8 +15,11 @@ from truestep.config.errors import ConfigError
 from truestep.config.fit import fit_schedule, overridden_keys
 from truestep.config.schema import JobConfig
 from truestep.config.validate import validate
+from truestep.core.fsio import read_regular
 
 PRESET_PACKAGE = "truestep.presets"
+CONFIG_LIMIT = 1 << 20
+"""A config file is a few KiB; one over 1 MiB is refused unread."""
 
 
 def preset_names() -> list[str]:
@@ -27,8 +30,8 @@ def preset_names() -> list[str]:
 def read_toml(spec: str) -> tuple[dict[str, Any], str]:
     """Read a config file path or a preset name; returns (table, source description)."""
     path = Path(spec)
-    if path.is_file():
-        text, source = path.read_text(encoding="utf-8"), str(path)
+    if path.exists():
+        text, source = read_config_text(path, follow_symlinks=True), str(path)
     elif spec in preset_names():
         text = resources.files(PRESET_PACKAGE).joinpath(f"{spec}.toml").read_text()
         source = f"preset:{spec}"
@@ -36,8 +39,23 @@ def read_toml(spec: str) -> tuple[dict[str, Any], str]:
         raise ConfigError(
             f"config {spec!r} is neither a file nor a preset; presets: {', '.join(preset_names())}"
         )
+    return parse_toml(text, source), source
+
+
+def read_config_text(path: Path, follow_symlinks: bool = False) -> str:
+    """A config file's text through the bounded reader: a FIFO, device, directory or a file over
+    CONFIG_LIMIT bytes is a one-line ConfigError (never a blocking or unbounded read)."""
     try:
-        return tomllib.loads(text), source
+        data = read_regular(path, CONFIG_LIMIT, follow_symlinks=follow_symlinks)
+        return data.decode("utf-8")
+    except (OSError, ValueError) as err:  # UnsafePathError, OversizeFileError, UnicodeDecodeError
+        reason = err.strerror if isinstance(err, OSError) and err.strerror else " ".join(str(err).split())
+        raise ConfigError(f"config {path}: {reason}") from None
+
+
+def parse_toml(text: str, source: str) -> dict[str, Any]:
+    try:
+        return tomllib.loads(text)
     except tomllib.TOMLDecodeError as err:
         raise ConfigError(f"{source}: invalid TOML: {err}") from err
 
@@ -150,10 +168,14 @@ def apply_overrides(cfg: JobConfig, overrides: list[str]) -> None:
 
 def load_config(spec: str | None, overrides: list[str] | None = None) -> JobConfig:
     """Defaults <- TOML file or preset (if given) <- overrides. Validates world-independent rules."""
+    table, source = read_toml(spec) if spec else ({}, "defaults")
+    return config_from_table(table, source, overrides)
+
+
+def config_from_table(table: dict[str, Any], source: str, overrides: list[str] | None = None) -> JobConfig:
+    """Defaults <- `table` (parsed TOML from `source`) <- overrides, validated."""
     cfg = JobConfig()
-    if spec:
-        table, source = read_toml(spec)
-        apply_table(cfg, table, source)
+    apply_table(cfg, table, source)
     apply_overrides(cfg, overrides or [])
     note = fit_schedule(cfg, overridden_keys(overrides or []))
     if note is not None and os.environ.get("RANK", "0") == "0":  # torchrun: every rank loads the config

@@ -312,6 +312,10 @@ class RunConfig:
     in it must not be symlinks (docs/checkpointing.md, threat model)."""
     name: str = ""
     """Free-form run name recorded in the events log."""
+    allow_env_faults: bool = False
+    """Arm the fault specs of the TRUESTEP_FAULTS environment variable (same as `--allow-env-faults` on
+    `truestep train`/`launch`). Off: a launch that inherits TRUESTEP_FAULTS is refused (exit 2), so a
+    variable left in a shell never damages an ordinary run (docs/faults.md)."""
 
 
 @dataclass

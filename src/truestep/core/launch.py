@@ -20,6 +20,7 @@ record before torch is imported.
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 import time
@@ -31,6 +32,7 @@ from truestep.core.names import (
     ENV_ATTEMPT,
     ENV_CACHE,
     ENV_CONFIG_FILE,
+    ENV_CONFIG_SHA256,
     ENV_DEBUG,
     ENV_FAULTS,
     ENV_JOB_GENERATION,
@@ -61,12 +63,13 @@ _ENV_NAMES = {
     "supervisor_pid": ENV_SUPERVISOR_PID,
     "run_dir": ENV_RUN_DIR,
     "config_file": ENV_CONFIG_FILE,
+    "config_sha256": ENV_CONFIG_SHA256,
     "faults": ENV_FAULTS,
     "debug": ENV_DEBUG,
 }
 """Launch field -> the environment variable that carries it."""
 
-PER_ATTEMPT = ("attempt", "master_port", "config_file")
+PER_ATTEMPT = ("attempt", "master_port", "config_file", "config_sha256")
 """The fields that change from one attempt of a rank slot to the next (a warm standby learns them at its
 handoff; everything else it must already have been started with)."""
 PER_ATTEMPT_ENV = tuple(_ENV_NAMES[name] for name in PER_ATTEMPT)
@@ -105,6 +108,9 @@ class Launch:
     """The run directory the supervisor runs this rank for ("" = the config's)."""
     config_file: str = ""
     """The resolved config file of this attempt the supervisor wrote for its ranks ("" = none)."""
+    config_sha256: str = ""
+    """SHA-256 (hex) of `config_file` as the supervisor wrote it; the rank loads it only if it matches
+    (config/attempt.py). Required of a supervised rank with a config file."""
     faults: str = ""
     """';'-separated fault specs armed in this rank (docs/faults.md)."""
     debug: bool = False
@@ -169,8 +175,9 @@ class Launch:
             supervisor_pid=_int(env, ENV_SUPERVISOR_PID, None, low=1),
             run_dir=env.get(ENV_RUN_DIR, ""),
             config_file=env.get(ENV_CONFIG_FILE, ""),
+            config_sha256=env.get(ENV_CONFIG_SHA256, ""),
             faults=env.get(ENV_FAULTS, ""),
-            debug=env.get(ENV_DEBUG) == "1",
+            debug=_debug_flag(env),
         )
         launch.validate()
         return launch
@@ -183,6 +190,13 @@ class Launch:
             raise LaunchError(
                 f"{LOCAL_RANK}={self.local_rank} is not a local rank of {LOCAL_WORLD_SIZE}="
                 f"{self.local_world_size}"
+            )
+        if self.config_sha256 and not _is_sha256(self.config_sha256):
+            raise LaunchError(f"{ENV_CONFIG_SHA256}={self.config_sha256!r:.80} is not a SHA-256 in hex")
+        if self.supervised and self.config_file and not self.config_sha256:
+            raise LaunchError(
+                f"{ENV_CONFIG_FILE} is set but {ENV_CONFIG_SHA256} is not: a supervised rank loads only the "
+                "attempt config its supervisor wrote and hashed"
             )
         if self.supervised and not self.job:
             raise LaunchError(
@@ -221,9 +235,16 @@ def _float(env: Mapping[str, str], name: str) -> float | None:
     if raw == "":
         return None
     try:
-        return float(raw)
+        value = float(raw)
     except ValueError:
-        raise LaunchError(f"{name}={raw!r} is not a number (a wall-clock time in seconds)") from None
+        value = math.nan
+    if not math.isfinite(value) or value < 0:
+        raise LaunchError(f"{name}={raw!r} is not a number (a wall-clock time in seconds)")
+    return value
+
+
+def _is_sha256(text: str) -> bool:
+    return len(text) == 64 and all(c in "0123456789abcdef" for c in text)
 
 
 def without_launch(environ: Mapping[str, str]) -> dict[str, str]:
@@ -237,8 +258,16 @@ def without_launch(environ: Mapping[str, str]) -> dict[str, str]:
 
 
 def debug_requested(environ: Mapping[str, str] | None = None) -> bool:
-    """`truestep --debug` was given to this process or to the one that started it."""
+    """`truestep --debug` was given to this process or to the one that started it (TRUESTEP_DEBUG=1).
+    Never raises (it decides how an error is reported); `Launch.from_env` refuses a malformed value."""
     return (os.environ if environ is None else environ).get(ENV_DEBUG) == "1"
+
+
+def _debug_flag(env: Mapping[str, str]) -> bool:
+    raw = env.get(ENV_DEBUG, "")
+    if raw not in ("", "0", "1"):
+        raise LaunchError(f"{ENV_DEBUG}={raw!r} is not 1 or 0")
+    return raw == "1"
 
 
 def request_debug(environ: MutableMapping[str, str] | None = None) -> None:
@@ -247,5 +276,10 @@ def request_debug(environ: MutableMapping[str, str] | None = None) -> None:
 
 
 def cache_root(environ: Mapping[str, str] | None = None) -> str:
-    """Where the user asked the demo corpus to be cached (TRUESTEP_CACHE), or "" for the default."""
-    return (os.environ if environ is None else environ).get(ENV_CACHE, "")
+    """Where the user asked the demo corpus to be cached (TRUESTEP_CACHE), or "" for the default; an
+    absolute path (after `~` expansion) or a one-line LaunchError. Who may write it is checked where the
+    cache is used (data/demo.py)."""
+    raw = (os.environ if environ is None else environ).get(ENV_CACHE, "")
+    if raw and ("\0" in raw or not os.path.isabs(os.path.expanduser(raw))):
+        raise LaunchError(f"{ENV_CACHE}={raw!r} is not an absolute directory path")
+    return raw

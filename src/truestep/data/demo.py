@@ -60,6 +60,24 @@ def default_demo_dir() -> Path:
     return base / f"demo-{platform.python_version()}"
 
 
+def check_private_dir(directory: Path) -> None:
+    """DataError unless `directory` (if it exists) can be written only by this user (or root): a cache
+    in a directory others may write (a shared /tmp subdirectory, a group-writable project space) could
+    be given a planted corpus that verifies against its own planted hashes, and every run would train
+    on it. Set TRUESTEP_CACHE to a directory of your own."""
+    try:
+        st = directory.stat()
+    except FileNotFoundError:
+        return
+    others_write = st.st_mode & 0o002 or (st.st_mode & 0o020 and st.st_uid != os.geteuid())
+    if others_write or st.st_uid not in (os.geteuid(), 0):
+        raise DataError(
+            f"the demo corpus cache {directory} can be written by other users (mode "
+            f"{st.st_mode & 0o7777:04o}, owner uid {st.st_uid}); refusing to use it: set TRUESTEP_CACHE "
+            "to a directory only you can write"
+        )
+
+
 def _is_valid(data_dir: Path) -> bool:
     try:
         meta = verify_data_dir(data_dir, check_hashes=True)
@@ -76,9 +94,11 @@ def ensure_demo_data(cache_dir: Path | None = None) -> Path:
     reader never sees a half-written directory.
     """
     cache_dir = Path(cache_dir) if cache_dir is not None else default_demo_dir()
+    cache_dir.parent.mkdir(parents=True, exist_ok=True)
+    for directory in (cache_dir.parent, cache_dir):
+        check_private_dir(directory)
     if _is_valid(cache_dir):
         return cache_dir
-    cache_dir.parent.mkdir(parents=True, exist_ok=True)
     lock_path = cache_dir.with_name(cache_dir.name + ".lock")
     with open(lock_path, "a+b") as lock:
         fcntl.flock(lock.fileno(), fcntl.LOCK_EX)

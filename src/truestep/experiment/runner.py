@@ -20,6 +20,7 @@ from pathlib import Path
 from truestep.config.load import load_config
 from truestep.core.errors import Outcome
 from truestep.core.names import ENV_FAULTS, ENV_JOB_GENERATION, ENV_JOB_START, METRICS_FILE
+from truestep.faults.optin import ALLOW_FLAG
 
 GROUP_NOTES = "groups"
 """experiment.json key: group name -> the note the report shows for it."""
@@ -61,6 +62,8 @@ def run_job(spec: JobSpec, run_dir: Path, log: Path | None = None) -> int:
     cmd = [sys.executable, "-m", "truestep", "launch", spec.config, f"--nproc={spec.nproc}"]
     cmd += [f"--max-restarts={spec.max_restarts}", f"--run.dir={run_dir}", *spec.overrides]
     cmd += ["--metrics.progress=false"]  # the job's log is a file: a progress bar there is noise
+    if spec.faults:
+        cmd.append(ALLOW_FLAG)  # the faults above are this experiment's own, passed in the environment
     if spec.nnodes > 1:
         return _run_nodes(spec, cmd, env, run_dir, requeue_code, log)
     code = 1

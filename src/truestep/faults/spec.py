@@ -26,6 +26,7 @@ Low-level forms used by tests: `crash:at=POINT`, `sleep:at=POINT:seconds=S`.
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass, field, replace
 
@@ -128,7 +129,7 @@ def _parse(item: str) -> FaultSpec:
     if kind not in KINDS:
         raise FaultSpecError(f"fault {item!r}: unknown kind {kind!r}; known: {', '.join(KINDS)}")
     step = int(f["step"]) if "step" in f else None
-    when = float(f["time"]) if "time" in f else None
+    when = _finite(f["time"], "time") if "time" in f else None
     rank = int(f["rank"]) if "rank" in f else None
     common = {
         "step": step,
@@ -168,14 +169,22 @@ def _parse(item: str) -> FaultSpec:
     if kind == "nan":
         return FaultSpec("nan", "train:loss", rank=rank, **common)
     if kind == "slow":
-        factor = float(f.get("factor", 0))
+        factor = _finite(f.get("factor", "0"), "factor")
         if factor <= 1:
             raise FaultSpecError(f"fault {item!r}: slow needs factor > 1")
         return FaultSpec("slow", "train:step", rank=rank, factor=factor, **common)
     # Low-level forms.
     if "at" not in f:
         raise FaultSpecError(f"fault {item!r}: {kind} needs at=<point>, one of {', '.join(POINTS)}")
-    return FaultSpec(kind, f["at"], rank=rank, seconds=float(f.get("seconds", 0.0)), **common)
+    return FaultSpec(kind, f["at"], rank=rank, seconds=_finite(f.get("seconds", "0"), "seconds"), **common)
+
+
+def _finite(text: str, key: str) -> float:
+    """A finite number (inf or nan as a factor, time or duration would end a rank in a traceback)."""
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{key}={text} is not a finite number")
+    return value
 
 
 def parse_fault(item: str) -> FaultSpec:

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from truestep.core.control_files import ControlFileError, read_control_json, require
 from truestep.core.errors import ExitCode, FencedError
 from truestep.core.fsio import atomic_write, make_dir
 from truestep.core.names import heartbeat_path
@@ -31,13 +32,31 @@ FENCE_CHECK_S = 2.0
 """How often the heartbeat thread re-reads the lease (a few reads per rank and minute)."""
 
 
+_BEAT_TYPES: dict[str, type | tuple[type, ...]] = {
+    "pid": int,
+    "rank": int,
+    "attempt": int,
+    "time": (int, float),
+    "step": int,
+    "phase": str,
+}
+"""Every field a heartbeat has, with its type (a beat without one is not a heartbeat)."""
+
+
 def read_heartbeat(path: Path) -> dict[str, Any] | None:
-    """The last complete heartbeat, or None if none was written yet (or it is not a heartbeat)."""
+    """The last complete heartbeat, or None if none was written yet or the file is not one: a FIFO, a
+    symlink, an oversized or malformed file, a field missing or mistyped (through the bounded, no-follow
+    control-file reader, so a planted file never blocks or crashes the supervisor). A rank whose file is
+    never a heartbeat meets the start-up or liveness deadline like a silent one."""
     try:
-        beat = json.loads(path.read_text())
-    except (OSError, ValueError, RecursionError):
+        beat = read_control_json(path)
+        if beat is None:
+            return None
+        for key, kind in _BEAT_TYPES.items():
+            require(beat, path, key, kind)
+    except ControlFileError:
         return None
-    return beat if isinstance(beat, dict) and isinstance(beat.get("time"), int | float) else None
+    return beat
 
 
 STOP_WAIT_S = 5.0

@@ -7,8 +7,11 @@ requeue) and handed to every rank. Every read-modify-write happens under `flock(
 - A second job is refused while the holder lives, with a message naming it. A holder on this host is
   alive iff its pid runs with the recorded start time (pid reuse and reboots are recognised); on another
   host (a shared filesystem), iff it renewed the lease within `ttl_s`.
-- The same job (a SLURM requeue keeps its job id) takes over at once: the scheduler has ended the old
-  incarnation, and whatever survives of it (an orphan, a partitioned node) is fenced.
+- The same job's next launch (a SLURM requeue keeps its job id and counts SLURM_RESTART_COUNT, the
+  launch's generation) takes over at once: the scheduler has ended the old launch, and whatever survives
+  of it (an orphan, a partitioned node) is fenced. The same job id with no newer generation is no proof
+  (two job steps of one allocation, an exported TRUESTEP_JOB_ID): refused like another job while the
+  holder lives.
 - Fencing: a writer checks that the lease still names its job and incarnation before it publishes
   (commit markers record the incarnation) and ranks check it every few seconds; a stale writer stops
   with exit code FENCED instead of writing into a directory the job has moved on from.
@@ -23,12 +26,14 @@ import os
 import socket
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from truestep.core.control_files import ControlFileError, read_control_json, read_log_tail, require
 from truestep.core.errors import FencedError, RunDirBusyError
 from truestep.core.fsio import atomic_write
 from truestep.core.names import EVENTS_FILE, LEASE_FILE, LEASE_LOCK_FILE
@@ -73,6 +78,10 @@ class Holder:
     attempt_begun: bool = False
     """The holder has begun an attempt: `incarnation` is its number. Right after acquire it still holds
     the previous launch's number, which the other nodes must not start."""
+    run_id: str = ""
+    """The run directory's identity: a UUID made by the first lease taken on it and kept by every later
+    holder. Commit markers record it, so checkpoints copied from another run directory are recognised
+    (checkpoint/ownership.py). "" only in a lease written by an older truestep."""
 
     def describe(self) -> str:
         since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.acquired_at))
@@ -98,39 +107,65 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+_HOLDER_TYPES: dict[str, type | tuple[type, ...]] = {
+    "job": str,
+    "host": str,
+    "boot_id": str,
+    "pid": int,
+    "pid_start": (int, type(None)),
+    "incarnation": int,
+    "acquired_at": (int, float),
+    "renewed_at": (int, float),
+    "generation": str,
+    "released": bool,
+    "hub_port": int,
+    "attempt_begun": bool,
+    "run_id": str,
+}
+"""Each lease field's type; a field of another type makes the lease unreadable (a string pid, ...)."""
+_HOLDER_OPTIONAL = ("generation", "released", "hub_port", "attempt_begun", "run_id")
+"""Fields a lease from an older truestep may lack (their defaults apply)."""
+
+
 def read_lease(run_dir: Path) -> Holder | None:
-    """The lease as recorded, or None when there is none. A lease file that does not parse is refused
-    (RunDirBusyError naming it), never silently replaced: it may belong to a live job."""
+    """The lease as recorded, or None when there is none. A lease that is not a regular file of sane
+    size holding a well-typed truestep lease (a FIFO, a symlink, 16 GiB, a string pid) is refused with
+    one line (RunDirBusyError naming it), never silently replaced: it may belong to a live job."""
     path = run_dir / LEASE_FILE
     try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        return None
-    try:
-        data = json.loads(raw)
-        if not isinstance(data, dict) or data.get("format") != LEASE_FORMAT:
-            raise ValueError("not a truestep lease")
-        return Holder(**{k: data[k] for k in Holder.__dataclass_fields__ if k in data})
-    except (ValueError, TypeError, RecursionError) as err:
+        data = read_control_json(path)
+        if data is None:
+            return None
+        if data.get("format") != LEASE_FORMAT:
+            raise ControlFileError(f"{path}: not a truestep lease")
+        values = {
+            key: require(data, path, key, kind)
+            for key, kind in _HOLDER_TYPES.items()
+            if key in data or key not in _HOLDER_OPTIONAL
+        }
+    except ControlFileError as err:
         raise RunDirBusyError(
-            f"{path} is not a readable truestep lease ({err}); if no job uses {run_dir}, delete it"
+            f"{err}; refusing to use it as the lease of {run_dir} (if no job uses it, delete it)"
         ) from None
+    return Holder(**values)
 
 
 def _last_attempt_in_events(run_dir: Path) -> int:
-    """The highest attempt any record of events.jsonl names (a run directory from before leases)."""
-    path = run_dir / EVENTS_FILE
-    if not path.is_file():
+    """The highest attempt any record of events.jsonl names (a run directory from before leases). Only
+    the log's tail is read (attempts only grow); a log that is not a regular file counts as none."""
+    try:
+        lines = read_log_tail(run_dir / EVENTS_FILE)
+    except ControlFileError:
         return -1
     highest = -1
-    with open(path, encoding="utf-8", errors="replace") as f:
-        for line in f:
-            try:
-                value = json.loads(line).get("attempt")
-            except (ValueError, AttributeError, RecursionError):
-                continue
-            if isinstance(value, int) and value > highest:
-                highest = value
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except (ValueError, RecursionError):
+            continue
+        value = record.get("attempt") if isinstance(record, dict) else None
+        if isinstance(value, int) and not isinstance(value, bool) and value > highest:
+            highest = value
     return highest
 
 
@@ -166,10 +201,16 @@ class RunDirLease:
         when one was taken over (for the event log). `hub_port` is published for the other nodes."""
         with self._locked():
             current = read_lease(self.run_dir)
-            if current is not None and current.job != self.job and current.alive(self.ttl_s):
+            if current is not None and current.alive(self.ttl_s) and not self._may_take_over(current):
+                same = " (the same job id: a second launch of a job is refused unless it is the job's next "
+                same += (
+                    "launch, with a newer generation / SLURM restart count)"
+                    if current.job == self.job
+                    else ""
+                )
                 raise RunDirBusyError(
-                    f"run directory {self.run_dir} is in use by {current.describe()}; wait for it to end, "
-                    f"or use another --run.dir"
+                    f"run directory {self.run_dir} is in use by {current.describe()}{same}; wait for it to "
+                    "end, or use another --run.dir"
                 )
             floor = current.incarnation if current is not None else _last_attempt_in_events(self.run_dir)
             now = time.time()
@@ -185,10 +226,22 @@ class RunDirLease:
                 now,
                 self.generation,
                 hub_port=hub_port,
+                run_id=current.run_id if current is not None and current.run_id else uuid.uuid4().hex,
             )
             self._write(mine)
             self.incarnation = floor
         return current if current is not None and not current.released else None
+
+    def _may_take_over(self, live: Holder) -> bool:
+        """A live holder yields only to its own job's *next* launch: the same job id with a newer
+        generation (a requeue: the scheduler has ended the old launch, whatever survives of it is
+        fenced). The same job id alone proves nothing: two job steps of one SLURM allocation, or an
+        exported TRUESTEP_JOB_ID, share it, and the second must not fence the first."""
+        if live.job != self.job:
+            return False
+        if live.host == socket.gethostname() and live.pid == os.getpid():
+            return True  # this very process, taking its own lease again
+        return _is_newer(self.generation, live.generation)
 
     def begin_attempt(self) -> int:
         """Bump the incarnation: the number of the attempt about to start, job-wide."""
@@ -241,6 +294,12 @@ class RunDirLease:
 
         self._keeper = threading.Thread(target=loop, name="truestep-lease", daemon=True)
         self._keeper.start()
+
+
+def _is_newer(mine: str, theirs: str) -> bool:
+    """Generation `mine` provably comes after `theirs`: both counts (SLURM_RESTART_COUNT,
+    TRUESTEP_JOB_GENERATION) and mine larger. Anything else (equal, or not both numbers) is not proof."""
+    return mine.isdigit() and theirs.isdigit() and int(mine) > int(theirs)
 
 
 def check_fence(

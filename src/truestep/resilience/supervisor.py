@@ -18,6 +18,7 @@ when one is parked for its slot (resilience/standby.py), else a fresh process.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import signal
 import socket
@@ -76,7 +77,9 @@ def node_launch(spec: LaunchSpec, job_start: float, run_dir: Path) -> Launch:
     )
 
 
-def rank_launch(node: Launch, local: int, attempt: int, port: int, config_file: Path) -> Launch:
+def rank_launch(
+    node: Launch, local: int, attempt: int, port: int, config_file: Path, config_sha256: str = ""
+) -> Launch:
     """The launch record of local rank slot `local` of this node in `attempt`."""
     return node.for_rank(
         rank=node.node * node.local_world_size + local,
@@ -84,6 +87,7 @@ def rank_launch(node: Launch, local: int, attempt: int, port: int, config_file: 
         master_port=port,
         attempt=attempt,
         config_file=str(config_file),
+        config_sha256=config_sha256,
     )
 
 
@@ -164,7 +168,9 @@ class Supervisor:
         port = self.spec.master_port or free_port()
         config_file = attempt_config_path(self.run_dir, attempt, self.spec.node_rank)
         make_dir(config_file.parent)
-        atomic_write(config_file, to_toml(self.cfg).encode())  # ranks load this, never the user's file
+        config_blob = to_toml(self.cfg).encode()
+        atomic_write(config_file, config_blob)  # ranks load this, never the user's file
+        config_sha256 = hashlib.sha256(config_blob).hexdigest()  # ... and only as written here
         first = self.spec.node_rank * self.spec.nproc
         for rank in range(first, first + self.spec.nproc):
             heartbeat_path(self.run_dir, rank).unlink(missing_ok=True)
@@ -172,7 +178,7 @@ class Supervisor:
         base_env = {**without_launch(os.environ), "OMP_NUM_THREADS": str(self.cfg.parallel.num_threads)}
         ranks = []
         for local in range(self.spec.nproc):
-            launch = rank_launch(self.node_launch, local, attempt, port, config_file)
+            launch = rank_launch(self.node_launch, local, attempt, port, config_file, config_sha256)
             proc = self.standbys.launch(local, launch, base_env)  # a warm standby, else a fresh process
             ranks.append(Rank(first + local, proc, time.time()))
         self.events.write(

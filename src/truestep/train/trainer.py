@@ -37,6 +37,7 @@ from truestep.core.fsio import atomic_write
 from truestep.core.names import CONFIG_FILE
 from truestep.core.status import RankStatus, StopReason
 from truestep.data import build_loader
+from truestep.faults.hooks import armed as armed_faults
 from truestep.faults.hooks import poison_loss
 from truestep.model.llama import Transformer
 from truestep.parallel.dist import DistContext
@@ -149,6 +150,7 @@ class Trainer:
             start_step=self.state.step,
             process_start=truestep.STARTED_AT,
             max_steps=self.cfg.train.max_steps,
+            faults=[spec.text for spec in armed_faults()],  # an armed fault is never silent
             state=asdict(self.state),
         )
 

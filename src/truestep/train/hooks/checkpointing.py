@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from truestep.checkpoint.catalog import committed_dirs, run_checkpoint_root
 from truestep.checkpoint.errors import CheckpointContentError, ResumeError
 from truestep.checkpoint.init_from import load_init_weights
+from truestep.checkpoint.ownership import current_run_id, foreign_run
 from truestep.checkpoint.resolver import quarantine_logged, resolve_rollback, resolve_start
 from truestep.checkpoint.saver import Checkpointer
 from truestep.checkpoint.state import restore
@@ -48,8 +49,16 @@ class CheckpointHook(Hook):
     def on_start(self, trainer: Trainer) -> None:
         cfg = trainer.cfg.checkpoint
         root = run_checkpoint_root(trainer.run_dir, cfg.dir)
+        self.run_id = current_run_id(trainer.run_dir)
         self.checkpointer = Checkpointer(
-            root, cfg, trainer.ctx, trainer.logs, trainer.trajectory_keys, self.fence, self.attempt
+            root,
+            cfg,
+            trainer.ctx,
+            trainer.logs,
+            trainer.trajectory_keys,
+            self.fence,
+            self.attempt,
+            self.run_id,
         )
         set_fault_context(newest_committed=lambda: next(iter(committed_dirs(root)), None))
         with _phase(trainer, Phase.RESTORE):
@@ -80,10 +89,26 @@ class CheckpointHook(Hook):
                 return None
             try:
                 self._restore(trainer, ckpt_dir)
+                self._say_if_copied(trainer, ckpt_dir)
                 return ckpt_dir
             except CheckpointContentError as err:  # raised on every rank: DCP gathers load failures
                 if trainer.ctx.is_main:
                     quarantine_logged(ckpt_dir, f"failed to load: {err}", trainer.logs)
+
+    def _say_if_copied(self, trainer: Trainer, ckpt_dir: Path) -> None:
+        """One line (and one event) when the checkpoint resumed from was committed in another run
+        directory: its attempt numbers are that run's, and never fence or limit this run's saves."""
+        origin = foreign_run(ckpt_dir, self.run_id)
+        if origin is None:
+            return
+        trainer.logs.event("checkpoint_from_other_run", path=str(ckpt_dir), origin_run_id=origin)
+        if trainer.ctx.is_main:
+            print(
+                f"truestep train: resuming from checkpoints copied from another run directory "
+                f"({ckpt_dir.name}, run {origin}); this run's saves and retention are its own",
+                file=sys.stderr,
+                flush=True,
+            )
 
     def _restore(self, trainer: Trainer, ckpt_dir: Path) -> None:
         assert self.checkpointer is not None
