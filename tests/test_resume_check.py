@@ -161,13 +161,15 @@ def test_graceful_stop_the_witness_judges_the_first_step(
 @pytest.fixture(scope="module")
 def unstaged(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """An async save of step 4 that takes no staged copy; a `mutate` fault changes the parameters and
-    optimizer state it is writing; SIGKILL as step 7 starts. The bytes on disk are not the saved state."""
+    optimizer state it is writing; SIGKILL as the save of step 8 begins, i.e. after it has waited for
+    step 4's write and commit (a kill at a fixed step raced the background commit on a loaded machine).
+    The bytes on disk are not the saved state."""
     run = tmp_path_factory.mktemp("unstaged") / "run"
     proc = launch(
         run,
         *UNSTAGED,
         "--checkpoint.emulate_unstaged_async_save=true",
-        "--fault=mutate:step=4;kill:rank=0:step=7",
+        "--fault=mutate:step=4;crash:at=save:before-shards:step=8",
         check=False,
     )
     assert proc.returncode == -9, proc.stderr[-3000:]
@@ -191,9 +193,10 @@ def test_a_save_mutated_while_writing_unstaged_is_refused_by_its_digest(
 
 def test_a_staged_async_save_survives_the_mutation(tmp_path: Path) -> None:
     # Staging on (the default): the write reads the staged copy, so the restore is what was saved; the
-    # mutation changed the live trajectory after the save, and the replayed steps 5..6 say so.
+    # mutation changed the live trajectory after the save, and the replayed steps 5..8 say so. The kill
+    # comes as the save of step 8 begins, after step 4's save was written and committed.
     run = tmp_path / "run"
-    proc = launch(run, *UNSTAGED, "--fault=mutate:step=4;kill:rank=0:step=7", check=False)
+    proc = launch(run, *UNSTAGED, "--fault=mutate:step=4;crash:at=save:before-shards:step=8", check=False)
     assert proc.returncode == -9, proc.stderr[-3000:]
     launch(run, *UNSTAGED)
     assert events(run, "checkpoint_restore")[-1]["restored_digest"] == "matches"
