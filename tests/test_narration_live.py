@@ -25,6 +25,7 @@ def narrated(stderr: str) -> list[str]:
 def test_a_lost_rank_then_a_preemption_are_narrated_one_line_each(tmp_path: Path) -> None:
     faults = "kill:rank=1:step=12;term:step=16:restart=1"
     cmd = launch_cmd(tmp_path, "--train.max_steps=20", "--checkpoint.interval=5", restarts=1)
+    cmd.append("--allow-env-faults")  # the faults are armed through the environment on purpose
     proc = subprocess.run(
         cmd, env=truestep_env({"TRUESTEP_FAULTS": faults}), capture_output=True, text=True, timeout=300
     )
@@ -83,6 +84,7 @@ def test_a_corrupted_checkpoint_is_narrated_quarantined_then_fallen_back_past(tm
     """`corrupt` flips a byte in the newest committed checkpoint, then kills rank 0: the restart's
     verification quarantines it and resumes from an older one, and says both."""
     cmd = launch_cmd(tmp_path, "--train.max_steps=20", "--checkpoint.interval=5", restarts=1)
+    cmd.append("--allow-env-faults")  # the fault is armed through the environment on purpose
     env = truestep_env({"TRUESTEP_FAULTS": "corrupt:step=14"})
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
