@@ -77,7 +77,9 @@ def test_a_node_crash_stops_the_survivor_and_the_instrument_reports_it_end_to_en
 
     [group] = json.loads((out / "summary.json").read_text())["groups"]
     faulted = group["runs"]["faulted"]
-    assert faulted["verdict"]["status"] == "bitwise" and faulted["comparison"]["fraction_bitwise_equal"] == 1.0
+    assert (
+        faulted["verdict"]["status"] == "bitwise" and faulted["comparison"]["fraction_bitwise_equal"] == 1.0
+    )
     assert faulted["verdict"]["label"].startswith("bitwise: 20/20 steps, "), faulted["verdict"]["label"]
     [incident] = faulted["incidents"]
     assert incident["kind"] == "kill" and all(v is not None for v in incident["phases_s"].values()), incident
