@@ -209,7 +209,8 @@ def _flip_byte(d: Path) -> str:
     data = bytearray((d / SHARD).read_bytes())
     data[len(data) // 2] ^= 0x40
     (d / SHARD).write_bytes(bytes(data))
-    return f"{SHARD}: SHA-256 mismatch (corrupted)"
+    # Found by the rank that reads the item, while loading it (the reason continues with the range).
+    return f"failed to load: {SHARD}: SHA-256 mismatch (corrupted) in bytes "
 
 
 def _remove_metadata(d: Path) -> str:

@@ -46,7 +46,13 @@ def recommit(ckpt_dir: Path, step: int | None = None, files: dict[str, dict[str,
     if files is None:
         manifest = build_manifest(ckpt_dir, step)
     else:
-        manifest = {"format": "truestep-manifest", "version": 1, "step": step, "files": files}
+        per_item = any(isinstance(entry, dict) and "items" in entry for entry in files.values())
+        manifest = {
+            "format": "truestep-manifest",
+            "version": 2 if per_item else 1,
+            "step": step,
+            "files": files,
+        }
     blob = json.dumps(manifest, indent=1, sort_keys=True).encode()
     (ckpt_dir / MANIFEST).unlink(missing_ok=True)
     (ckpt_dir / MANIFEST).write_bytes(blob)

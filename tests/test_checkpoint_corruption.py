@@ -50,7 +50,7 @@ def test_corrupted_newest_checkpoint_is_quarantined_and_resume_falls_back(kind, 
     events = attempt_events(run, "checkpoint_quarantined", attempt)
     assert len(events) == 1, events
     assert events[0]["step"] == 6
-    if kind == "bad-marker-json":
+    if kind in ("bad-marker-json", "flipped-byte"):
         assert events[0]["reason"].startswith(case.reason), events[0]["reason"]
     else:
         assert events[0]["reason"] == case.reason
@@ -58,7 +58,9 @@ def test_corrupted_newest_checkpoint_is_quarantined_and_resume_falls_back(kind, 
     (moved,) = quarantined(run)
     assert moved.name.startswith("step_00000006.") and events[0]["moved_to"] == str(moved)
     assert file_hashes(moved) == case.corrupted
-    assert [e["step"] for e in attempt_events(run, "checkpoint_verified", attempt)] == [3]
+    # A flipped shard byte passes the structural checks and is caught by the load itself.
+    verified = [6, 3] if kind == "flipped-byte" else [3]
+    assert [e["step"] for e in attempt_events(run, "checkpoint_verified", attempt)] == verified
     assert [e["step"] for e in attempt_events(run, "checkpoint_restore", attempt)] == [3]
     # The resumed run re-saved step 6 (a fresh, complete directory) and continued bitwise.
     verify(ckpt(run, 6), checksums=True)

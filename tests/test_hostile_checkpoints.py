@@ -471,6 +471,7 @@ def test_a_link_planted_in_a_checkpoint_being_committed_is_refused_not_published
     from concurrent.futures import Future
 
     from truestep.checkpoint.saver import Checkpointer, PendingSave
+    from truestep.checkpoint.shard_writer import ShardWriter
     from truestep.core.errors import RefusedError
     from truestep.parallel.dist import DistContext
 
@@ -487,9 +488,12 @@ def test_a_link_planted_in_a_checkpoint_being_committed_is_refused_not_published
     checkpointer = Checkpointer(root, CheckpointConfig(), DistContext(), logs, {}, lambda: None, 1)
     done: Future = Future()
     done.set_result(None)
+    writer = ShardWriter(d, 4)
+    writer.digests = {}  # as if DCP had finished: the commit then lists the directory
+    pending = PendingSave(4, d, done, time.perf_counter(), "interval", writer)
     try:
         with pytest.raises(RefusedError, match=rf"not committing .*{SHARD} is a (symlink|FIFO)"):
-            within(30, lambda: checkpointer._commit(PendingSave(4, d, done, time.perf_counter(), "interval")))
+            within(30, lambda: checkpointer._commit(pending))
     finally:
         logs.close()
     assert not (d / MARKER).exists() and not (d / MANIFEST).exists()

@@ -32,6 +32,7 @@ from supervised import (
 )
 from truestep.checkpoint.catalog import MARKER, step_dir_name
 from truestep.checkpoint.saver import Checkpointer, PendingSave
+from truestep.checkpoint.shard_writer import ShardWriter
 from truestep.config.schema import CheckpointConfig, ResilienceConfig
 from truestep.core.errors import FencedError, RunDirBusyError
 from truestep.parallel.dist import DistContext
@@ -125,7 +126,9 @@ def _committer(tmp_path: Path, job: str, incarnation: int) -> tuple[Checkpointer
     checkpointer = Checkpointer(root, CheckpointConfig(), DistContext(), logs, {}, fence, incarnation)
     done: Future = Future()
     done.set_result(None)
-    return checkpointer, PendingSave(4, ckpt_dir, done, time.perf_counter(), "interval")
+    writer = ShardWriter(ckpt_dir, 4)
+    writer.digests = {}  # as if DCP had finished a save of no shards: the commit lists the directory
+    return checkpointer, PendingSave(4, ckpt_dir, done, time.perf_counter(), "interval", writer)
 
 
 @pytest.mark.parametrize("newer", ["lease", "marker", "none"])

@@ -3,7 +3,8 @@ export, `init_from` and generation all use.
 
 A checkpoint verifies iff
 1. its files are complete (`manifest.verify_files`: marker, manifest, sizes, SHA-256, nothing unlisted,
-   only regular files);
+   only regular files); at resume (`items_on_read`) the shards' bytes are hashed by the rank that loads
+   them, while it loads them (`safe_dcp`), instead of by rank 0 beforehand;
 2. its DCP metadata is safe to load (`safe_dcp.read_dcp_metadata`) and every file a reader would open is
    one of the files the manifest lists with its hash, so a storage path can never point at another
    step's shard, outside the directory, at a symlink or at a FIFO;
@@ -27,10 +28,10 @@ from truestep.checkpoint.safe_dcp import read_dcp_metadata
 from truestep.checkpoint.state import rank_state_problem
 
 
-def verify(ckpt_dir: Path, checksums: bool) -> dict[str, Any]:
+def verify(ckpt_dir: Path, checksums: bool, items_on_read: bool = False) -> dict[str, Any]:
     """Return the manifest if the checkpoint is complete and consistent, else raise VerifyError."""
     ckpt_dir = Path(ckpt_dir)
-    manifest = verify_files(ckpt_dir, checksums)
+    manifest = verify_files(ckpt_dir, checksums, items_on_read)
     step = step_of(ckpt_dir)
     if manifest.get("step") != step or isinstance(manifest.get("step"), bool):
         raise VerifyError(f"manifest records step {manifest.get('step')!r:.40}, the directory says {step}")
@@ -52,10 +53,10 @@ def verify(ckpt_dir: Path, checksums: bool) -> dict[str, Any]:
     return manifest
 
 
-def verification_problem(ckpt_dir: Path, checksums: bool) -> str | None:
+def verification_problem(ckpt_dir: Path, checksums: bool, items_on_read: bool = False) -> str | None:
     """None if the checkpoint verifies, else why not (never raises for anything the directory holds)."""
     try:
-        verify(ckpt_dir, checksums)
+        verify(ckpt_dir, checksums, items_on_read)
     except VerifyError as err:
         return str(err)
     except (OSError, ValueError, TypeError, AttributeError, RecursionError, KeyError, OverflowError) as err:

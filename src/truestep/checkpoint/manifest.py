@@ -1,5 +1,12 @@
 """The commit protocol's two files: the manifest (every file, size, SHA-256) and the commit marker.
 
+Manifest version 1 holds one SHA-256 per file (rank 0 hashed every file after the write: `write_manifest`,
+still used for weights-only exports and still read). Version 2 (`write_manifest_v2`, every training save)
+holds, for each `.distcp` shard, the SHA-256 of every storage item (`items`: [offset, length, sha256],
+covering the file exactly), hashed by the rank that wrote it while writing; only the small files
+(`.metadata`, rank state) are hashed by rank 0. A reader checks an item's bytes as it reads them
+(`safe_dcp`); `verify_files(..., items_on_read=True)` leaves exactly those bytes to it.
+
 The files of a checkpoint are complete iff its marker parses, names the directory's step and the
 manifest's SHA-256, and every file the manifest lists is present with its size (and checksum, when
 verifying them), with no file the manifest does not list (`verify_files`). Only regular files can be
@@ -21,12 +28,15 @@ from pathlib import Path
 from typing import Any
 
 from truestep.checkpoint.catalog import MANIFEST, MARKER, step_of
+from truestep.checkpoint.hash_counters import count
 from truestep.core.fsio import (
     OversizeFileError,
     UnsafePathError,
     atomic_write,
     entry_kind,
+    fsync_dir,
     fsync_file,
+    open_regular,
     plain_relative_name,
     read_regular,
     sha256_file,
@@ -78,6 +88,64 @@ def write_manifest(ckpt_dir: Path, step: int) -> bytes:
     return blob
 
 
+def write_manifest_v2(ckpt_dir: Path, step: int, item_digests: dict[str, list[list[Any]]]) -> bytes:
+    """Manifest version 2 from the writers' per-item digests: no shard is read, nor fsynced here (each
+    rank fsynced its own). A file no writer hashed (`.metadata`, rank state: small) is hashed whole."""
+    files: dict[str, Any] = {}
+    for path in payload_files(ckpt_dir):
+        name = path.relative_to(ckpt_dir).as_posix()
+        size = os.lstat(path).st_size
+        if name in item_digests:
+            items = item_digests[name]
+            _check_items(name, items, size)
+            files[name] = {"size": size, "items": items}
+        else:
+            files[name] = {"size": size, "sha256": sha256_file(path)}
+            count("read_back", size)
+    fsync_dir(ckpt_dir)
+    manifest = {"format": "truestep-manifest", "version": 2, "step": step, "files": files}
+    blob = json.dumps(manifest, indent=1, sort_keys=True).encode()
+    atomic_write(ckpt_dir / MANIFEST, blob)
+    return blob
+
+
+def _check_items(name: str, items: Any, size: int) -> None:
+    """`items` must be [offset, length, sha256] triples that tile the file [0, size) exactly, so no byte
+    of it goes unhashed and no range is hashed twice."""
+    if not isinstance(items, list) or not items:
+        raise VerifyError(f"{name}: malformed item digests in the manifest")
+    end = 0
+    for item in items:
+        ok = isinstance(item, list) and len(item) == 3
+        offset, length, digest = item if ok else (None, None, None)
+        ints = all(isinstance(v, int) and not isinstance(v, bool) for v in (offset, length))
+        if not (ok and ints and isinstance(digest, str) and _SHA256.match(digest)):
+            raise VerifyError(f"{name}: malformed item digest {item!r:.80} in the manifest")
+        if offset != end or length < 0:
+            raise VerifyError(f"{name}: item digests do not tile the file (bytes {end}..{offset})")
+        end = offset + length
+    if end != size:
+        raise VerifyError(f"{name}: item digests cover {end} bytes of {size}")
+
+
+def _hash_items(path: Path, items: list[list[Any]]) -> str | None:
+    """One sequential read of `path`, hashing each item's range; the first bad range, else None."""
+    with os.fdopen(open_regular(path), "rb") as stream:
+        for offset, length, digest in items:
+            h = hashlib.sha256()
+            left = length
+            while left:
+                chunk = stream.read(min(left, 1 << 20))
+                if not chunk:
+                    return f"bytes {offset}..{offset + length} (short read)"
+                h.update(chunk)
+                left -= len(chunk)
+            count("read_back", length)
+            if h.hexdigest() != digest:
+                return f"bytes {offset}..{offset + length}"
+    return None
+
+
 def write_marker(
     ckpt_dir: Path,
     step: int,
@@ -120,9 +188,11 @@ def read_marker(ckpt_dir: Path) -> dict[str, Any]:
     return marker
 
 
-def verify_files(ckpt_dir: Path, checksums: bool) -> dict[str, Any]:
+def verify_files(ckpt_dir: Path, checksums: bool, items_on_read: bool = False) -> dict[str, Any]:
     """Return the manifest if the checkpoint's files are complete, else raise VerifyError saying why.
-    (`checkpoint.integrity.verify` is the whole check; this is its file-level part.)"""
+    (`checkpoint.integrity.verify` is the whole check; this is its file-level part.) With
+    `items_on_read`, files described by item digests are checked for size and tiling only: their bytes
+    are the loader's to hash as it reads them (`safe_dcp`)."""
     marker = read_marker(ckpt_dir)
     if marker.get("step") != step_of(ckpt_dir) or isinstance(marker.get("step"), bool):
         raise VerifyError("commit marker does not name this directory's step")
@@ -151,9 +221,36 @@ def verify_files(ckpt_dir: Path, checksums: bool) -> dict[str, Any]:
         size = os.lstat(path).st_size
         if size != entry.get("size") or isinstance(entry.get("size"), bool):
             raise VerifyError(f"{name}: size {size} != manifest {entry.get('size')} (truncated?)")
+        if "items" in entry and manifest.get("version") == 2 and "sha256" not in entry:
+            _check_items(name, entry["items"], size)
+            bad = _hash_items(path, entry["items"]) if checksums and not items_on_read else None
+            if bad is not None:
+                raise VerifyError(f"{name}: SHA-256 mismatch (corrupted) in {bad}")
+            continue
         digest = entry.get("sha256")
         if not isinstance(digest, str) or not _SHA256.match(digest):
             raise VerifyError(f"{name}: malformed SHA-256 in the manifest")
-        if checksums and sha256_file(path) != digest:
-            raise VerifyError(f"{name}: SHA-256 mismatch (corrupted)")
+        if checksums:
+            count("read_back", size)
+            if sha256_file(path) != digest:
+                raise VerifyError(f"{name}: SHA-256 mismatch (corrupted)")
     return manifest
+
+
+def item_digests(ckpt_dir: Path) -> dict[str, dict[tuple[int, int], str]]:
+    """file -> (offset, length) -> SHA-256 of every item the manifest hashes per item, for a reader
+    that checks bytes as it reads them. The manifest is re-bound to the marker here, on the reading
+    rank, so a manifest swapped after rank 0 verified it is refused. Empty for a v1 manifest (all of its
+    files were hashed whole before the load)."""
+    manifest_path = ckpt_dir / MANIFEST
+    if sha256_file(manifest_path) != read_marker(ckpt_dir).get("manifest_sha256"):
+        raise VerifyError("manifest.json does not match the commit marker (tampered or torn)")
+    manifest = read_json(manifest_path)
+    if not isinstance(manifest, dict) or manifest.get("version") != 2:
+        return {}
+    found: dict[str, dict[tuple[int, int], str]] = {}
+    for name, entry in manifest["files"].items():
+        if isinstance(entry, dict) and "items" in entry:
+            _check_items(name, entry["items"], entry.get("size"))
+            found[name] = {(o, n): d for o, n, d in entry["items"]}
+    return found

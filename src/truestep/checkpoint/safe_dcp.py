@@ -10,7 +10,11 @@ was stored. Here:
   inside them, declared sizes backed by stored bytes);
 - data is read only from those files (opened with no-follow, non-blocking semantics), every stored tensor
   must have exactly the dtype and chunk shape the metadata declares, and byte items load with
-  `weights_only=True`.
+  `weights_only=True`;
+- with `check_items` (a resume), every item's bytes are read once into memory and must match the
+  SHA-256 its writer recorded in the manifest (v2) before anything deserializes them, so a flipped byte
+  is found by the rank that reads it, whatever the layout, and never reaches the model. DCP gathers
+  every rank's read failure, so all ranks raise the mismatch together (`DigestMismatchError`).
 
 Anything else is refused with `UnsafeCheckpointError` (a `CheckpointContentError`: the checkpoint itself
 is bad) before it can execute, hang or allocate. `single_process()` silences the one DCP warning that says
@@ -19,6 +23,7 @@ it runs without a process group, around the calls that do so on purpose.
 
 from __future__ import annotations
 
+import hashlib
 import io
 import os
 import pickle
@@ -29,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed._shard._utils import narrow_tensor_by_index
 from torch.distributed.checkpoint import FileSystemReader
@@ -43,6 +49,8 @@ from torch.futures import Future
 from truestep.checkpoint.catalog import DCP_METADATA
 from truestep.checkpoint.dcp_checks import MetadataProblem, check_metadata
 from truestep.checkpoint.errors import CheckpointContentError, TensorMismatchError
+from truestep.checkpoint.hash_counters import count
+from truestep.checkpoint.manifest import VerifyError, item_digests
 from truestep.core.errors import TruestepError, causes
 from truestep.core.fsio import OversizeFileError, UnsafePathError, open_regular, plain_file_name, read_regular
 
@@ -137,12 +145,18 @@ def read_dcp_metadata(ckpt_dir: Path) -> Metadata:
         raise UnsafeCheckpointError(f"{DCP_METADATA}: {err}") from err
 
 
+class DigestMismatchError(UnsafeCheckpointError):
+    """An item's bytes are not the bytes its writer hashed (a flipped bit, a swapped shard)."""
+
+
 class SafeFileSystemReader(FileSystemReader):
     """FileSystemReader that reads only checked metadata and only what it declares (module docstring)."""
 
-    def __init__(self, path: str | os.PathLike) -> None:
+    def __init__(self, path: str | os.PathLike, check_items: bool = False) -> None:
         super().__init__(path)
         self._declared: dict[str, TensorStorageMetadata] = {}
+        self._check_items = check_items
+        self._digests: dict[str, dict[tuple[int, int], str]] = {}
 
     def read_metadata(self, *args: Any) -> Metadata:  # no **kwargs: never DCP's rank-local fallback
         metadata = read_dcp_metadata(Path(self.path))
@@ -162,6 +176,11 @@ class SafeFileSystemReader(FileSystemReader):
         }
 
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
+        if self._check_items:  # inside DCP's gathered read step: a failure here is every rank's
+            try:
+                self._digests = item_digests(Path(self.path))
+            except (VerifyError, OSError) as err:
+                raise UnsafeCheckpointError(f"item digests unusable: {err}") from err
         per_file: dict[str, list[ReadItem]] = {}
         for item in plan.items:
             per_file.setdefault(self.storage_data[item.storage_index].relative_path, []).append(item)
@@ -174,15 +193,40 @@ class SafeFileSystemReader(FileSystemReader):
                 raise UnsafeCheckpointError(f"storage file {name}: {err.strerror}") from None
             with os.fdopen(fd, "rb") as stream:
                 for item in items:
-                    self._read_item(stream, item, planner)
+                    self._read_item(stream, name, item, planner)
         done: Future[None] = Future()
         done.set_result(None)
         return done
 
-    def _read_item(self, stream: io.BufferedReader, item: ReadItem, planner: LoadPlanner) -> None:
+    def _checked_bytes(self, stream: io.BufferedReader, name: str, info: Any, fqn: str) -> io.BytesIO:
+        """The item's bytes, read once; with item digests for this file, only if they hash to the
+        writer's digest. Files without item digests were hashed whole before the load (v1)."""
+        stream.seek(info.offset)
+        data = stream.read(info.length)
+        expected = self._digests.get(name)
+        if expected is not None:
+            digest = expected.get((info.offset, info.length))
+            if digest is None:
+                raise UnsafeCheckpointError(
+                    f"{name}: bytes {info.offset}..{info.offset + info.length} "
+                    f"({fqn}) are not an item its writer hashed"
+                )
+            count("while_reading", len(data))
+            if len(data) != info.length or hashlib.sha256(data).hexdigest() != digest:
+                rank = dist.get_rank() if dist.is_initialized() else 0
+                raise DigestMismatchError(
+                    f"{name}: SHA-256 mismatch (corrupted) in bytes {info.offset}..{info.offset + info.length} "
+                    f"({fqn}), found by rank {rank}"
+                )
+        return io.BytesIO(data)
+
+    def _read_item(self, stream: io.BufferedReader, name: str, item: ReadItem, planner: LoadPlanner) -> None:
         info = self.storage_data[item.storage_index]
-        view = _create_file_view(stream, info.offset, info.length)
         fqn = item.storage_index.fqn
+        if self._check_items:
+            view: Any = self._checked_bytes(stream, name, info, fqn)
+        else:
+            view = _create_file_view(stream, info.offset, info.length)
         if item.type == LoadItemType.BYTE_IO:
             planner.load_bytes(item, io.BytesIO(view.read(-1)))
             return
@@ -234,16 +278,16 @@ class SafeLoadPlanner(DefaultLoadPlanner):
             self.state_dict[read_item.dest_index.fqn] = obj
 
 
-def load_dcp(state: dict[str, Any], ckpt_dir: Path, no_dist: bool = False) -> None:
+def load_dcp(state: dict[str, Any], ckpt_dir: Path, no_dist: bool = False, check_items: bool = False) -> None:
     """`dcp.load` through the safe reader and planner, into `state` in place (collective unless
-    `no_dist`). DCP wraps every rank's failure in a CheckpointException (a BaseException, its message a
+    `no_dist`); `check_items`: hash every item read against the manifest's item digests. DCP wraps every rank's failure in a CheckpointException (a BaseException, its message a
     list of tracebacks); this re-raises the failure itself: a TruestepError (UnsafeCheckpointError,
     TensorMismatchError, ...) or an OSError as they are, anything else as it was raised."""
     try:
         with single_process():
             dcp.load(
                 state,
-                storage_reader=SafeFileSystemReader(ckpt_dir),
+                storage_reader=SafeFileSystemReader(ckpt_dir, check_items),
                 planner=SafeLoadPlanner(),
                 no_dist=no_dist,
             )

@@ -6,13 +6,14 @@ Order inside one save (docs/checkpointing.md):
      overlaps training and runs on its own gloo group, because sharing the default group with FSDP's
      collectives can deadlock;
   3. when DCP has finished on all ranks (its future resolves only after the coordinator gathered every
-     rank's write results and wrote `.metadata`), rank 0 writes manifest.json and then COMMITTED.
+     rank's write results and wrote `.metadata`), rank 0 writes manifest.json (version 2: the item
+     digests each rank computed while writing, gathered with the write results; no shard is read back)
+     and then COMMITTED.
 A crash anywhere before 3 completes leaves a directory without a valid marker: never resumed from.
 """
 
 from __future__ import annotations
 
-import os
 import shutil
 import sys
 import threading
@@ -22,13 +23,11 @@ from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint import FileSystemWriter
-from torch.distributed.checkpoint.filesystem import FileSystem
 
 from truestep.checkpoint.catalog import (
     LATEST,
@@ -36,14 +35,15 @@ from truestep.checkpoint.catalog import (
     set_aside_step,
     step_dir_name,
 )
-from truestep.checkpoint.manifest import VerifyError, write_manifest, write_marker
+from truestep.checkpoint.manifest import VerifyError, write_manifest_v2, write_marker
 from truestep.checkpoint.ownership import marker_identity, newer_own_commit, own_committed
 from truestep.checkpoint.safe_dcp import silence_single_process_saves, single_process
+from truestep.checkpoint.shard_writer import ShardWriter
 from truestep.checkpoint.state import Checkpointable, write_rank_state
 from truestep.checkpoint.unstaged import mutate_in_place, unstaged_async_save
 from truestep.config.schema import CheckpointConfig
 from truestep.core.errors import FencedError, RefusedError, os_error_line, storage_error
-from truestep.core.fsio import atomic_write, make_dir, open_for_write
+from truestep.core.fsio import atomic_write, make_dir
 from truestep.faults.hooks import fault_point
 from truestep.parallel.dist import DistContext
 from truestep.telemetry.run_logs import RunLogs
@@ -62,36 +62,6 @@ def _writing(ckpt_dir: Path) -> Iterator[None]:
         raise
 
 
-class _NoFollowFileSystem(FileSystem):
-    """DCP's file system with writes that never follow a symlink nor open a FIFO (core/fsio.py): a link
-    planted at `step_XXXXXXXX/__0_0.distcp` is refused, not written through."""
-
-    @contextmanager
-    def create_stream(self, path: str | os.PathLike, mode: str) -> Iterator[IO[bytes]]:
-        if mode != "wb":
-            with super().create_stream(path, mode) as stream:
-                yield stream
-            return
-        with open_for_write(Path(path)) as stream:
-            yield stream
-
-
-class _ShardWriter(FileSystemWriter):
-    """FileSystemWriter with the `save:mid-shards` fault point (this rank's shards are on disk, the
-    coordinator's `.metadata` is not) and no-follow writes."""
-
-    def __init__(self, path: Path, step: int) -> None:
-        super().__init__(path, sync_files=True)
-        self.fs = _NoFollowFileSystem()
-        self.step = step
-
-    def write_data(self, plan, planner):  # type: ignore[no-untyped-def]
-        written = super().write_data(plan, planner)
-        written.wait()
-        fault_point("save:mid-shards", step=self.step)
-        return written
-
-
 @dataclass
 class PendingSave:
     step: int
@@ -99,6 +69,7 @@ class PendingSave:
     future: Future
     started: float
     reason: str
+    writer: ShardWriter
 
 
 class Checkpointer:
@@ -155,7 +126,7 @@ class Checkpointer:
         fault_point("save:before-shards", step=step)
         write_rank_state(ckpt_dir, self.ctx, states.rank_state(), self.trajectory_keys)
         state = states.dcp_state_dict(with_optimizer=True)
-        writer = _ShardWriter(ckpt_dir, step)
+        writer = ShardWriter(ckpt_dir, step)
         release: Callable[[], None] = lambda: None  # noqa: E731
         with single_process(), _writing(ckpt_dir):  # one process saves without a process group on purpose
             if self.cfg.async_save and self.cfg.emulate_unstaged_async_save:
@@ -170,7 +141,7 @@ class Checkpointer:
         fault_point("save:writing", step=step, mutate=lambda: mutate_in_place(state))
         release()
         self.last_saved_step = step
-        self.pending = PendingSave(step, ckpt_dir, future, started, reason)
+        self.pending = PendingSave(step, ckpt_dir, future, started, reason, writer)
         if not self.cfg.async_save:
             self.wait()
         self.logs.event(
@@ -255,12 +226,19 @@ class Checkpointer:
                 f"({self.incarnation}); not publishing an older attempt's checkpoint"
             )
 
+    @staticmethod
+    def _digests(pending: PendingSave) -> dict[str, list[list[Any]]]:
+        """Every rank's item digests, gathered by DCP to this (the coordinator's) writer."""
+        if pending.writer.digests is None:
+            raise RuntimeError(f"not committing {pending.ckpt_dir}: DCP never finished its storage writer")
+        return pending.writer.digests
+
     def _commit(self, pending: PendingSave) -> None:
         started = time.perf_counter()
         if self.cfg.atomic_commit:
             fault_point("save:before-manifest", step=pending.step)
             try:
-                manifest = write_manifest(pending.ckpt_dir, pending.step)
+                manifest = write_manifest_v2(pending.ckpt_dir, pending.step, self._digests(pending))
             except VerifyError as err:  # a symlink or FIFO appeared among the files being committed
                 raise RefusedError(
                     f"not committing {pending.ckpt_dir}: {err}; something other than this run writes into "

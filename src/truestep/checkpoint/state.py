@@ -201,7 +201,7 @@ def restore(
     state = states.dcp_state_dict(with_optimizer=cfg.restore_optimizer_state)
     weights_restored = True
     try:
-        load_dcp(state, ckpt_dir)
+        load_dcp(state, ckpt_dir, check_items=cfg.verify_checksums)  # each rank hashes what it reads
     except (Exception, CheckpointException) as err:  # DCP's CheckpointException is a BaseException
         if cfg.atomic_commit:
             _raise_load_error(ckpt_dir, err)

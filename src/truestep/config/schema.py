@@ -185,7 +185,8 @@ class CheckpointConfig:
     the oldest beyond this many are deleted. 0 keeps all (quarantine/ then grows by one checkpoint per
     fault that tears a save or corrupts one)."""
     verify_checksums: bool = True
-    """Verify SHA-256 of every file on resume (sizes are always checked). Turn off for huge checkpoints."""
+    """Verify SHA-256 on resume: the small files before the load, each shard item by the rank that loads it
+    as it loads it (no extra read pass). Sizes and structure are always checked."""
     resume: bool = True
     """Resume from the newest verified checkpoint when one exists."""
     overwrite: bool = False

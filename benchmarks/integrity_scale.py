@@ -1,0 +1,221 @@
+"""Integrity at size and at scale: what hashing costs now that each rank hashes what it writes (while
+writing) and what it loads (while loading), next to the old way (rank 0 hashes every file after the write
+and again before the load), measured side by side in one run.
+
+size sweep (one process, plain fp32 tensors of --sizes GB in 64 MiB pieces), per trial in a rotated and
+reversed order (bench_common.abba), every checkpoint's pages evicted before it is read:
+  raw        one sequential write of the same bytes + fsync (the disk's limit);
+  save_v2    ShardWriter dcp.save + manifest v2 from the gathered item digests + marker (today's sync save);
+  save_v1    stock FileSystemWriter dcp.save + manifest v1 (rank 0 re-reads and hashes every file) + marker;
+  resume_v2  structural verify + dcp.load through the safe reader hashing each item as it reads it;
+  resume_v1  verify with SHA-256 of every file, then the safe dcp.load (the old resume);
+  load       a plain stock dcp.load of the same checkpoint (no checks at all).
+world sweep (--world 1 2 4 gloo ranks, --per-rank-mb each): from hash_counters, not timing: the busiest
+rank's hashed bytes as a fraction of the checkpoint, and the bytes read back only to hash (extra read
+passes); rank 0's commit time and the slowest rank's resume time.
+
+    OMP_NUM_THREADS=1 python benchmarks/integrity_scale.py [--sizes 0.3 1] [--trials 5] [--world 1 2 4]
+        [--per-rank-mb 128] [--dir /path/on/the/checkpoint/filesystem]
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import time
+import warnings
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+import torch.multiprocessing as mp
+from bench_common import abba, load, median, spread
+from checkpoint_cost import evict
+
+from truestep.checkpoint import hash_counters
+from truestep.checkpoint.catalog import step_dir_name
+from truestep.checkpoint.integrity import verify
+from truestep.checkpoint.manifest import write_manifest, write_manifest_v2, write_marker
+from truestep.checkpoint.safe_dcp import load_dcp
+from truestep.checkpoint.shard_writer import ShardWriter
+
+warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+PIECE = 16 << 20  # elements (64 MiB of fp32) per tensor
+SIDES = ("raw", "save_v2", "save_v1", "resume_v2", "resume_v1", "load")
+
+
+def make_state(nbytes: int, prefix: str = "") -> dict[str, torch.Tensor]:
+    left, state, i = nbytes // 4, {}, 0
+    while left > 0:
+        n = min(PIECE, left)
+        state[f"{prefix}w{i}"] = torch.rand(n, generator=torch.Generator().manual_seed(i))
+        left, i = left - n, i + 1
+    return state
+
+
+def save(root: Path, state: dict[str, torch.Tensor], v2: bool, no_dist: bool = True) -> Path:
+    ckpt_dir = root / step_dir_name(1)
+    ckpt_dir.mkdir(parents=True, exist_ok=True)
+    if v2:
+        writer = ShardWriter(ckpt_dir, 1)
+        dcp.save(state, storage_writer=writer, no_dist=no_dist)
+        if not dist.is_initialized() or dist.get_rank() == 0:
+            assert writer.digests is not None
+            write_marker(ckpt_dir, 1, write_manifest_v2(ckpt_dir, 1, writer.digests))
+    else:
+        dcp.save(state, storage_writer=dcp.FileSystemWriter(ckpt_dir, sync_files=True), no_dist=no_dist)
+        write_marker(ckpt_dir, 1, write_manifest(ckpt_dir, 1))
+    return ckpt_dir
+
+
+def resume(ckpt_dir: Path, state: dict[str, torch.Tensor], v2: bool, no_dist: bool = True) -> None:
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        verify(ckpt_dir, checksums=True, items_on_read=v2)
+    if dist.is_initialized():
+        dist.barrier()
+    load_dcp(state, ckpt_dir, no_dist=no_dist, check_items=v2)
+
+
+RAW_CHUNK = os.urandom(64 << 20)
+
+
+def raw_write(path: Path, nbytes: int) -> None:
+    chunk = RAW_CHUNK
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        left = nbytes
+        while left > 0:
+            left -= os.write(fd, chunk[: min(left, len(chunk))])
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def size_sweep(base: Path, gb: float, trials: int) -> dict[str, list[float]]:
+    nbytes = int(gb * 1e9)
+    state = make_state(nbytes)
+    into = {k: torch.empty_like(v) for k, v in state.items()}
+    keep = {"v2": save(base / "keep-v2", state, True), "v1": save(base / "keep-v1", state, False)}
+    res: dict[str, list[float]] = defaultdict(list)
+    for side in abba(SIDES, trials):
+        scratch = base / "scratch"
+        shutil.rmtree(scratch, ignore_errors=True)
+        scratch.mkdir()
+        if side.startswith("resume") or side == "load":
+            ckpt_dir = keep["v2" if side != "resume_v1" else "v1"]
+            evict(ckpt_dir)
+        started = time.perf_counter()
+        if side == "raw":
+            raw_write(scratch / "raw.bin", nbytes)
+        elif side.startswith("save"):
+            save(scratch, state, side == "save_v2")
+        elif side.startswith("resume"):
+            resume(ckpt_dir, into, side == "resume_v2")
+        else:
+            dcp.load(into, storage_reader=dcp.FileSystemReader(ckpt_dir), no_dist=True)
+        res[side].append(time.perf_counter() - started)
+        evict(scratch)
+    shutil.rmtree(base / "scratch", ignore_errors=True)
+    for d in keep.values():
+        shutil.rmtree(d.parent)
+    return res
+
+
+def _rank(rank: int, world: int, init: str, root: str, per_rank: int, out: str) -> None:
+    dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=world)
+    try:
+        state = make_state(per_rank, prefix=f"r{rank}.")
+        hash_counters.reset()
+        save(Path(root), state, True, no_dist=False)
+        wrote = hash_counters.snapshot()
+        dist.barrier()
+        ckpt_dir = Path(root) / step_dir_name(1)
+        evict(ckpt_dir)
+        dist.barrier()
+        hash_counters.reset()
+        started = time.perf_counter()
+        resume(ckpt_dir, {k: torch.empty_like(v) for k, v in state.items()}, True, no_dist=False)
+        took = time.perf_counter() - started
+        read = hash_counters.snapshot()
+        commit_s = 0.0
+        if rank == 0:  # the commit alone, again, timed (the manifest is rewritten identically)
+            digests = json.loads((ckpt_dir / "manifest.json").read_text())["files"]
+            items = {n: e["items"] for n, e in digests.items() if "items" in e}
+            started = time.perf_counter()
+            write_manifest_v2(ckpt_dir, 1, items)
+            commit_s = time.perf_counter() - started
+        facts = {"wrote": wrote, "read": read, "resume_s": took, "commit_s": commit_s}
+        Path(out, f"rank{rank}.json").write_text(json.dumps(facts))
+    finally:
+        dist.destroy_process_group()
+
+
+def world_sweep(base: Path, world: int, per_rank: int) -> dict[str, float]:
+    run = base / f"world{world}"
+    run.mkdir()
+    mp.spawn(_rank, args=(world, str(run / "init"), str(run), per_rank, str(run)), nprocs=world)
+    facts = [json.loads((run / f"rank{r}.json").read_text()) for r in range(world)]
+    total = sum(p.stat().st_size for p in (run / step_dir_name(1)).glob("*.distcp"))
+    shutil.rmtree(run)
+    return {
+        "write_busiest": max(f["wrote"]["while_writing"] + f["wrote"]["read_back"] for f in facts) / total,
+        "read_busiest": max(f["read"]["while_reading"] + f["read"]["read_back"] for f in facts) / total,
+        "read_back_passes": sum(f["wrote"]["read_back"] + f["read"]["read_back"] for f in facts) / total,
+        "commit_s": facts[0]["commit_s"],
+        "resume_s": max(f["resume_s"] for f in facts),
+    }
+
+
+def sha256_rate(nbytes: int = 256 << 20) -> float:
+    data = os.urandom(nbytes)
+    started = time.perf_counter()
+    hashlib.sha256(data).digest()
+    return nbytes / (time.perf_counter() - started)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--sizes", type=float, nargs="*", default=[0.3, 1.0])
+    parser.add_argument("--trials", type=int, default=5)
+    parser.add_argument("--world", type=int, nargs="*", default=[1, 2, 4])
+    parser.add_argument("--per-rank-mb", type=int, default=128)
+    parser.add_argument("--dir", type=Path, default=None)
+    args = parser.parse_args()
+    base = Path(tempfile.mkdtemp(prefix="integrity-scale-", dir=args.dir))
+    try:
+        print(f"# {load()}; SHA-256 {sha256_rate() / 1e9:.2f} GB/s on one core", flush=True)
+        for gb in args.sizes:
+            res = size_sweep(base, gb, args.trials)
+            raw, plain = median(res["raw"]), median(res["load"])
+            print(f"## size {gb} GB, {args.trials} trials: seconds median [min-max]; {load()}")
+            for side in SIDES:
+                ratio = median(res[side]) / (raw if side.startswith("save") else plain)
+                vs = "raw" if side.startswith("save") else "load"
+                print(
+                    f"  {side:10s} {spread(res[side])}  ({ratio:.2f}x {vs})"
+                    if side not in ("raw", "load")
+                    else f"  {side:10s} {spread(res[side])}",
+                    flush=True,
+                )
+        for world in args.world:
+            got = world_sweep(base, world, args.per_rank_mb << 20)
+            print(
+                f"## world {world}, {args.per_rank_mb} MiB per rank: busiest rank hashed {got['write_busiest']:.3f} "
+                f"of the checkpoint at save, {got['read_busiest']:.3f} at resume; read back to hash "
+                f"{got['read_back_passes']:.3f} passes; commit {got['commit_s']:.3f} s, resume {got['resume_s']:.3f} s",
+                flush=True,
+            )
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

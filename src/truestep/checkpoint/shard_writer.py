@@ -1,0 +1,143 @@
+"""The storage writer every save uses: DCP's FileSystemWriter that hashes each storage item while it
+streams it to disk, never follows a symlink and carries the `save:mid-shards` fault point.
+
+Each item DCP writes (one tensor chunk or one bytes object, a contiguous byte range of a `.distcp` file)
+passes through `_HashingItemStream` on its way to the file, so its SHA-256 costs no read. DCP fsyncs each
+rank's files on that rank (`sync_files=True`). The digests ride in the rank's write results, which DCP
+gathers to the coordinator anyway; the coordinator's `finish` takes them out again (so `.metadata` is
+exactly what stock DCP writes) and keeps them in `digests` for the manifest (`manifest.write_manifest_v2`).
+Nothing of a shard is read back to commit it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import io
+import os
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import IO, Any
+
+from torch.distributed.checkpoint import FileSystemWriter
+from torch.distributed.checkpoint.filesystem import FileSystem, _StorageInfo, _StorageWriterTransforms
+from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex
+from torch.distributed.checkpoint.planner import SavePlan, SavePlanner, WriteItem
+from torch.distributed.checkpoint.storage import WriteResult
+from torch.futures import Future
+
+from truestep.checkpoint.hash_counters import count
+from truestep.core.fsio import open_for_write
+from truestep.faults.hooks import fault_point
+
+ItemDigests = dict[str, list[list[Any]]]
+"""file name -> [[offset, length, sha256], ...] sorted by offset: the manifest's v2 `items`."""
+
+
+class _NoFollowFileSystem(FileSystem):
+    """DCP's file system with writes that never follow a symlink nor open a FIFO (core/fsio.py): a link
+    planted at `step_XXXXXXXX/__0_0.distcp` is refused, not written through."""
+
+    @contextmanager
+    def create_stream(self, path: str | os.PathLike, mode: str) -> Iterator[IO[bytes]]:
+        if mode != "wb":
+            with super().create_stream(path, mode) as stream:
+                yield stream
+            return
+        with open_for_write(Path(path)) as stream:
+            yield stream
+
+
+class _HashingItemStream(io.IOBase):
+    """One item's bytes on their way into the shard file: hashed and counted, then handed on. `close`
+    records the digest and flushes but leaves the shared file open (DCP appends the next item)."""
+
+    def __init__(
+        self, raw: IO[bytes], index: MetadataIndex, record: Callable[[MetadataIndex, str, int], None]
+    ):
+        super().__init__()
+        self._raw = raw
+        self._index = index
+        self._record = record
+        self._hash = hashlib.sha256()
+        self._written = 0
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data).cast("B")
+        self._hash.update(view)
+        self._written += view.nbytes
+        written = self._raw.write(view)
+        return view.nbytes if written is None else written
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self._raw.flush()
+        self._record(self._index, self._hash.hexdigest(), self._written)
+        count("while_writing", self._written)
+        super().close()
+
+
+class _HashingTransforms(_StorageWriterTransforms):
+    """DCP's per-item stream hook with no transform of the bytes (so no descriptor in the metadata)."""
+
+    def __init__(self, record: Callable[[MetadataIndex, str, int], None]) -> None:
+        super().__init__(())
+        self._record = record
+
+    def transform_save_stream(
+        self, write_item: WriteItem, raw_stream: io.IOBase
+    ) -> tuple[IO[bytes], list[str]]:
+        return _HashingItemStream(raw_stream, write_item.index, self._record), []  # type: ignore[arg-type]
+
+
+class ShardWriter(FileSystemWriter):
+    """FileSystemWriter hashing in the stream (module docstring); `digests` is set on the coordinator
+    once `finish` ran (after every rank's write results were gathered)."""
+
+    def __init__(self, path: Path, step: int) -> None:
+        super().__init__(path, sync_files=True)
+        self.fs = _NoFollowFileSystem()
+        self.step = step
+        self.transforms = _HashingTransforms(self._record)
+        self._lock = threading.Lock()
+        self._hashed: dict[MetadataIndex, tuple[str, int]] = {}
+        self.digests: ItemDigests | None = None
+
+    def _record(self, index: MetadataIndex, sha256: str, nbytes: int) -> None:
+        with self._lock:
+            self._hashed[index] = (sha256, nbytes)
+
+    def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
+        written = super().write_data(plan, planner)
+        written.wait()
+        fault_point("save:mid-shards", step=self.step)
+        results: list[WriteResult] = []
+        for result in written.value():
+            sha256, nbytes = self._hashed[result.index]
+            if nbytes != result.storage_data.length:  # the stream is not what DCP says it wrote: say so
+                raise RuntimeError(
+                    f"{result.index.fqn}: hashed {nbytes} bytes, DCP recorded {result.storage_data.length}"
+                )
+            results.append(dataclasses.replace(result, storage_data=(result.storage_data, sha256)))
+        done: Future[list[WriteResult]] = Future()
+        done.set_result(results)
+        return done
+
+    def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
+        digests: ItemDigests = {}
+        plain: list[list[WriteResult]] = []
+        for rank_results in results:
+            plain.append([])
+            for result in rank_results:
+                info, sha256 = result.storage_data
+                assert isinstance(info, _StorageInfo)
+                digests.setdefault(info.relative_path, []).append([info.offset, info.length, sha256])
+                plain[-1].append(dataclasses.replace(result, storage_data=info))
+        super().finish(metadata, plain)
+        self.digests = {name: sorted(items) for name, items in digests.items()}

@@ -1,0 +1,117 @@
+"""Integrity that scales with the ranks: shards are hashed while written (the commit reads none of them
+back) and while read for the load (verification adds no read pass); a flipped byte is found by the
+reader before it reaches a tensor. Single process, real DCP; the multi-rank cases are in
+tests/test_integrity_ranks.py."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from integrity_cases import (
+    bytes_read_by_this_process,
+    commit,
+    flip_byte_of,
+    save_shards,
+    shard_bytes,
+    small_state,
+)
+from truestep.checkpoint import hash_counters
+from truestep.checkpoint.catalog import MANIFEST, MARKER
+from truestep.checkpoint.integrity import verify
+from truestep.checkpoint.manifest import VerifyError, write_manifest, write_marker
+from truestep.checkpoint.safe_dcp import DigestMismatchError, load_dcp, read_dcp_metadata
+
+
+def _zeros_like(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {k: torch.zeros_like(v) for k, v in state.items()}
+
+
+def _small_files(ckpt_dir) -> int:
+    return sum(
+        p.stat().st_size
+        for p in ckpt_dir.iterdir()
+        if p.suffix != ".distcp" and p.name not in (MANIFEST, MARKER)
+    )
+
+
+def test_commit_hashes_every_shard_byte_while_writing_and_reads_none_back(tmp_path):
+    hash_counters.reset()
+    ckpt_dir, writer = save_shards(tmp_path, small_state())
+    total = shard_bytes(ckpt_dir)
+    assert hash_counters.snapshot()["while_writing"] == total
+    before = bytes_read_by_this_process()
+    commit(ckpt_dir, writer)
+    read = bytes_read_by_this_process() - before
+    # Only .metadata is hashed whole (it is small); not one shard byte is read to commit.
+    assert hash_counters.snapshot()["read_back"] == _small_files(ckpt_dir)
+    assert read < total // 20, (read, total)
+    manifest = json.loads((ckpt_dir / MANIFEST).read_text())
+    assert manifest["version"] == 2
+    (shard,) = [name for name in manifest["files"] if name.endswith(".distcp")]
+    assert sum(length for _, length, _ in manifest["files"][shard]["items"]) == total
+    verify(ckpt_dir, checksums=True)  # the offline check agrees, byte for byte
+
+
+def test_resume_reads_each_shard_byte_once_and_hashes_it_then(tmp_path):
+    state = small_state()
+    ckpt_dir, writer = save_shards(tmp_path, state)
+    commit(ckpt_dir, writer)
+    total = shard_bytes(ckpt_dir)
+    hash_counters.reset()
+    before = bytes_read_by_this_process()
+    verify(ckpt_dir, checksums=True, items_on_read=True)  # what the resolver runs before the load
+    loaded = _zeros_like(state)
+    load_dcp(loaded, ckpt_dir, no_dist=True, check_items=True)
+    read = bytes_read_by_this_process() - before
+    counters = hash_counters.snapshot()
+    assert counters["while_reading"] == total
+    assert counters["read_back"] == _small_files(ckpt_dir)
+    # One pass over the shards (plus the small files), where verify-then-load read them twice.
+    assert read < total * 1.1, (read, total)
+    for key, value in state.items():
+        assert torch.equal(loaded[key].view(torch.int32), value.view(torch.int32)), key
+
+
+def test_a_flipped_byte_is_caught_while_reading_and_never_reaches_the_tensor(tmp_path):
+    state = small_state()
+    ckpt_dir, writer = save_shards(tmp_path, state)
+    commit(ckpt_dir, writer)
+    info = next(i for idx, i in read_dcp_metadata(ckpt_dir).storage_data.items() if idx.fqn == "b")
+    flip_byte_of(ckpt_dir, info.relative_path, info.offset + info.length // 2)  # inside the data of b
+    verify(ckpt_dir, checksums=True, items_on_read=True)  # structure is intact: left to the reader
+    loaded = _zeros_like(state)
+    with pytest.raises(
+        DigestMismatchError, match=r"SHA-256 mismatch \(corrupted\) in bytes .* \(b\), found by rank 0"
+    ):
+        load_dcp(loaded, ckpt_dir, no_dist=True, check_items=True)
+    assert not loaded["b"].any(), "a tensor whose bytes failed their hash was written into"
+    with pytest.raises(VerifyError, match=rf"{info.relative_path}: SHA-256 mismatch \(corrupted\) in bytes"):
+        verify(ckpt_dir, checksums=True)  # `ckpt verify` still checks every byte
+
+
+def test_item_digests_must_tile_the_shard(tmp_path):
+    ckpt_dir, writer = save_shards(tmp_path, small_state())
+    commit(ckpt_dir, writer)
+    manifest = json.loads((ckpt_dir / MANIFEST).read_text())
+    shard = next(name for name in manifest["files"] if name.endswith(".distcp"))
+    del manifest["files"][shard]["items"][1]  # a range no digest covers
+    blob = json.dumps(manifest).encode()
+    (ckpt_dir / MANIFEST).write_bytes(blob)
+    write_marker(ckpt_dir, 4, blob)
+    with pytest.raises(VerifyError, match="item digests do not tile the file"):
+        verify(ckpt_dir, checksums=False, items_on_read=True)
+
+
+def test_a_v1_manifest_is_still_read_and_hashed_whole_before_the_load(tmp_path):
+    state = small_state()
+    ckpt_dir, _ = save_shards(tmp_path, state)
+    write_marker(ckpt_dir, 4, write_manifest(ckpt_dir, 4))
+    hash_counters.reset()
+    verify(ckpt_dir, checksums=True, items_on_read=True)
+    assert hash_counters.snapshot()["read_back"] >= shard_bytes(ckpt_dir)
+    loaded = _zeros_like(state)
+    load_dcp(loaded, ckpt_dir, no_dist=True, check_items=True)
+    assert torch.equal(loaded["a"].view(torch.int32), state["a"].view(torch.int32))
