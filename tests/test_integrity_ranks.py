@@ -11,10 +11,11 @@ from pathlib import Path
 import pytest
 import torch
 import torch.multiprocessing as mp
+from truestep.checkpoint.verified_read import DigestMismatchError
 
 from integrity_cases import rank_worker, small_state
 from truestep.checkpoint.catalog import step_dir_name
-from truestep.checkpoint.safe_dcp import DigestMismatchError, load_dcp
+from truestep.checkpoint.safe_dcp import load_dcp
 
 pytestmark = pytest.mark.multiprocess
 
@@ -46,7 +47,10 @@ def test_a_byte_flipped_in_rank1s_shard_is_found_by_rank1_and_agreed_by_all(tmp_
     for facts in seen:
         assert facts["error"] is not None and "__1_0.distcp: SHA-256 mismatch (corrupted)" in facts["error"]
         assert "found by rank 1" in facts["error"], facts["error"]
-    assert seen[1]["target_untouched"], "bytes that failed their hash reached rank 1's tensor"
+    # The ranks agree before anything is copied: not even rank 0's good bytes of this checkpoint are loaded.
+    assert seen[0]["target_untouched"] and seen[1]["target_untouched"], (
+        "a byte of a bad checkpoint was loaded"
+    )
     # Resharded: one process reads both ranks' shards and finds the same byte itself.
     ckpt_dir = tmp_path / "ckpt" / step_dir_name(4)
     loaded = {f"r{r}": torch.zeros_like(small_state(seed=r)["a"]) for r in range(WORLD)}

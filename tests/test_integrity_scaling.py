@@ -9,6 +9,7 @@ import json
 
 import pytest
 import torch
+from truestep.checkpoint.verified_read import DigestMismatchError
 
 from integrity_cases import (
     bytes_read_by_this_process,
@@ -22,7 +23,7 @@ from truestep.checkpoint import hash_counters
 from truestep.checkpoint.catalog import MANIFEST, MARKER
 from truestep.checkpoint.integrity import verify
 from truestep.checkpoint.manifest import VerifyError, write_manifest, write_marker
-from truestep.checkpoint.safe_dcp import DigestMismatchError, load_dcp, read_dcp_metadata
+from truestep.checkpoint.safe_dcp import load_dcp, read_dcp_metadata
 
 
 def _zeros_like(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

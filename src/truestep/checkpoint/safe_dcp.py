@@ -13,8 +13,9 @@ was stored. Here:
   `weights_only=True`;
 - with `check_items` (a resume), every item's bytes are read once into memory and must match the
   SHA-256 its writer recorded in the manifest (v2) before anything deserializes them, so a flipped byte
-  is found by the rank that reads it, whatever the layout, and never reaches the model. DCP gathers
-  every rank's read failure, so all ranks raise the mismatch together (`DigestMismatchError`).
+  is found by the rank that reads it, whatever the layout; the ranks agree before any byte is copied
+  (`verified_read.py`), so no byte of a bad checkpoint reaches a model or optimizer, and DCP gathers the
+  failure to every rank (`DigestMismatchError`).
 
 Anything else is refused with `UnsafeCheckpointError` (a `CheckpointContentError`: the checkpoint itself
 is bad) before it can execute, hang or allocate. `single_process()` silences the one DCP warning that says
@@ -23,7 +24,6 @@ it runs without a process group, around the calls that do so on purpose.
 
 from __future__ import annotations
 
-import hashlib
 import io
 import os
 import pickle
@@ -34,7 +34,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed._shard._utils import narrow_tensor_by_index
 from torch.distributed.checkpoint import FileSystemReader
@@ -49,8 +48,7 @@ from torch.futures import Future
 from truestep.checkpoint.catalog import DCP_METADATA
 from truestep.checkpoint.dcp_checks import MetadataProblem, check_metadata
 from truestep.checkpoint.errors import CheckpointContentError, TensorMismatchError
-from truestep.checkpoint.hash_counters import count
-from truestep.checkpoint.manifest import VerifyError, item_digests
+from truestep.checkpoint.verified_read import PeerFoundBadItemsError, read_verified
 from truestep.core.errors import TruestepError, causes
 from truestep.core.fsio import OversizeFileError, UnsafePathError, open_regular, plain_file_name, read_regular
 
@@ -145,18 +143,14 @@ def read_dcp_metadata(ckpt_dir: Path) -> Metadata:
         raise UnsafeCheckpointError(f"{DCP_METADATA}: {err}") from err
 
 
-class DigestMismatchError(UnsafeCheckpointError):
-    """An item's bytes are not the bytes its writer hashed (a flipped bit, a swapped shard)."""
-
-
 class SafeFileSystemReader(FileSystemReader):
     """FileSystemReader that reads only checked metadata and only what it declares (module docstring)."""
 
-    def __init__(self, path: str | os.PathLike, check_items: bool = False) -> None:
+    def __init__(self, path: str | os.PathLike, check_items: bool = False, collective: bool = True) -> None:
         super().__init__(path)
         self._declared: dict[str, TensorStorageMetadata] = {}
         self._check_items = check_items
-        self._digests: dict[str, dict[tuple[int, int], str]] = {}
+        self._collective = collective
 
     def read_metadata(self, *args: Any) -> Metadata:  # no **kwargs: never DCP's rank-local fallback
         metadata = read_dcp_metadata(Path(self.path))
@@ -176,14 +170,31 @@ class SafeFileSystemReader(FileSystemReader):
         }
 
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
-        if self._check_items:  # inside DCP's gathered read step: a failure here is every rank's
-            try:
-                self._digests = item_digests(Path(self.path))
-            except (VerifyError, OSError) as err:
-                raise UnsafeCheckpointError(f"item digests unusable: {err}") from err
         per_file: dict[str, list[ReadItem]] = {}
         for item in plan.items:
             per_file.setdefault(self.storage_data[item.storage_index].relative_path, []).append(item)
+        if self._check_items:
+            self._load_verified(per_file, planner)
+        else:
+            self._load_streamed(per_file, planner)
+        done: Future[None] = Future()
+        done.set_result(None)
+        return done
+
+    def _load_verified(self, per_file: dict[str, list[ReadItem]], planner: LoadPlanner) -> None:
+        """Every item read once, hashed, agreed good by all ranks, only then deserialized."""
+        ranges = {
+            name: list({i.storage_index: self._range(i) for i in items}.values())
+            for name, items in per_file.items()
+        }
+        blobs = read_verified(Path(self.path), ranges, self._collective)
+        for items in per_file.values():
+            for item in items:
+                self._load_item(io.BytesIO(blobs[item.storage_index]), item, planner)
+
+    def _load_streamed(self, per_file: dict[str, list[ReadItem]], planner: LoadPlanner) -> None:
+        """Each item deserialized straight from its file (its bytes were hashed whole before the load,
+        or checksums are off)."""
         for name, items in per_file.items():
             if not plain_file_name(name):  # checked with the metadata; never open anything else
                 raise UnsafeCheckpointError(f"storage path {name!r} is not a plain file name")
@@ -193,40 +204,15 @@ class SafeFileSystemReader(FileSystemReader):
                 raise UnsafeCheckpointError(f"storage file {name}: {err.strerror}") from None
             with os.fdopen(fd, "rb") as stream:
                 for item in items:
-                    self._read_item(stream, name, item, planner)
-        done: Future[None] = Future()
-        done.set_result(None)
-        return done
+                    info = self.storage_data[item.storage_index]
+                    self._load_item(_create_file_view(stream, info.offset, info.length), item, planner)
 
-    def _checked_bytes(self, stream: io.BufferedReader, name: str, info: Any, fqn: str) -> io.BytesIO:
-        """The item's bytes, read once; with item digests for this file, only if they hash to the
-        writer's digest. Files without item digests were hashed whole before the load (v1)."""
-        stream.seek(info.offset)
-        data = stream.read(info.length)
-        expected = self._digests.get(name)
-        if expected is not None:
-            digest = expected.get((info.offset, info.length))
-            if digest is None:
-                raise UnsafeCheckpointError(
-                    f"{name}: bytes {info.offset}..{info.offset + info.length} "
-                    f"({fqn}) are not an item its writer hashed"
-                )
-            count("while_reading", len(data))
-            if len(data) != info.length or hashlib.sha256(data).hexdigest() != digest:
-                rank = dist.get_rank() if dist.is_initialized() else 0
-                raise DigestMismatchError(
-                    f"{name}: SHA-256 mismatch (corrupted) in bytes {info.offset}..{info.offset + info.length} "
-                    f"({fqn}), found by rank {rank}"
-                )
-        return io.BytesIO(data)
-
-    def _read_item(self, stream: io.BufferedReader, name: str, item: ReadItem, planner: LoadPlanner) -> None:
+    def _range(self, item: ReadItem) -> tuple[Any, int, int]:
         info = self.storage_data[item.storage_index]
+        return item.storage_index, info.offset, info.length
+
+    def _load_item(self, view: Any, item: ReadItem, planner: LoadPlanner) -> None:
         fqn = item.storage_index.fqn
-        if self._check_items:
-            view: Any = self._checked_bytes(stream, name, info, fqn)
-        else:
-            view = _create_file_view(stream, info.offset, info.length)
         if item.type == LoadItemType.BYTE_IO:
             planner.load_bytes(item, io.BytesIO(view.read(-1)))
             return
@@ -287,7 +273,7 @@ def load_dcp(state: dict[str, Any], ckpt_dir: Path, no_dist: bool = False, check
         with single_process():
             dcp.load(
                 state,
-                storage_reader=SafeFileSystemReader(ckpt_dir, check_items),
+                storage_reader=SafeFileSystemReader(ckpt_dir, check_items, collective=not no_dist),
                 planner=SafeLoadPlanner(),
                 no_dist=no_dist,
             )
@@ -296,6 +282,10 @@ def load_dcp(state: dict[str, Any], ckpt_dir: Path, no_dist: bool = False, check
 
 
 def dcp_failure(err: CheckpointException) -> BaseException:
-    """The failure inside DCP's CheckpointException: a TruestepError or OSError first, else the first."""
-    inner = [c for c in causes(err) if not isinstance(c, CheckpointException)]
+    """The failure inside DCP's CheckpointException: a TruestepError or OSError first, else the first.
+    The rank that found bad bytes says where; the others only that someone did, so theirs come last."""
+    inner = sorted(
+        (c for c in causes(err) if not isinstance(c, CheckpointException)),
+        key=lambda c: isinstance(c, PeerFoundBadItemsError),
+    )
     return next((c for c in inner if isinstance(c, TruestepError | OSError)), inner[0] if inner else err)
