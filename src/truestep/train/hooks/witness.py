@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from truestep.core.names import EVENTS_FILE
 from truestep.core.status import StopReason
 from truestep.parallel.dist import broadcast_int
+from truestep.parallel.parallelize import reshard
 from truestep.telemetry.jsonl import iter_jsonl
 from truestep.telemetry.lines import same_bits
 from truestep.train.hooks.base import Hook
@@ -67,6 +68,7 @@ def forward_loss(trainer: Trainer, microbatches: list[tuple[torch.Tensor, torch.
         for inputs, targets in microbatches:
             logits = trainer.model(inputs.to(trainer.ctx.device))
             total += F.cross_entropy(logits.flatten(0, 1), targets.to(trainer.ctx.device).flatten())
+    reshard(trainer.model)  # a forward without backward leaves the FSDP2 root gathered
     loss = total / len(microbatches)
     if trainer.ctx.distributed and trainer.ctx.dp > 1:
         dist.all_reduce(loss, op=dist.ReduceOp.SUM, group=trainer.ctx.dp_group())
