@@ -145,7 +145,8 @@ def test_naive_mode_resumes_from_the_torn_directory(independent_runs, reference_
     between this rank's shards and the coordinator's .metadata, the resolver picks the torn step 6 (no
     verification, no quarantine); like a naive trainer it restores what is there (counters and data
     position, not the weights), logs `naive_partial_restore` and carries on: no crash, a different
-    trajectory from step 7 on."""
+    trajectory from step 7 on. The restored-digest check reports, not acts (nothing is quarantined in
+    this mode), and the run's own resume self-check flags the resume at step 7 without a reference."""
     case: NaiveCase = independent_runs["naive"].result()
     assert case.crashed.returncode == -signal.SIGKILL
     assert "truestep fault: crash at save:mid-shards step=6" in case.crashed.stderr
@@ -156,6 +157,11 @@ def test_naive_mode_resumes_from_the_torn_directory(independent_runs, reference_
     assert DCP_METADATA in partial["error"]
     [restore] = harness.events(case.run, "checkpoint_restore")
     assert restore["step"] == 6 and restore["restored_weights"] is False
+    assert restore["restored_digest"].startswith("differs")
+    [mismatch] = harness.events(case.run, "restore_digest_mismatch")
+    assert mismatch["quarantined"] is False
+    [flag] = harness.events(case.run, "resume_diverged")
+    assert flag["first_step"] == 7 and "resume DIVERGED at step 7" in case.resumed.stderr
     got, want = harness.loss_bits_by_step(case.run), harness.loss_bits_by_step(reference_future.result())
     assert all(got[s] == want[s] for s in range(1, 7))
     assert [s for s in range(7, max(want) + 1) if got[s] != want[s]][:1] == [7]

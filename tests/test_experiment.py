@@ -76,3 +76,49 @@ def test_reduced_ablation_flags_every_disabled_mechanism(tmp_path: Path) -> None
         assert cells[row].flagged, row
         assert cells[row].verdict.first_divergent_step == resumed_at + offset, (row, resumed_at, cells[row])
         assert gp.correct_tokens_per_s < gp.plain_tokens_per_s, row
+    # The run's own self-check, with no reference, agrees with the reference-based verdict: all-on
+    # verified, each mechanism off flagged at the same first divergent step.
+    by_name = summary.groups[0].runs
+    assert by_name[cells["all-on"].run].self_check == "verified 1"
+    for row, offset in expected_after_resume.items():
+        analysis = by_name[cells[row].run]
+        assert analysis.self_check == f"DIVERGED at {cells[row].verdict.first_divergent_step}", (
+            row,
+            analysis,
+        )
+
+
+@pytest.mark.slow
+def test_graceful_ablation_each_disabled_mechanism_flags_itself(tmp_path: Path) -> None:
+    """Preemptions (SIGTERM, emergency save, requeue) on a single process: the stop witness (or, for the
+    torn emergency save of atomic-commit-off, the restored-digest check) flags every disabled
+    mechanism's resume with no reference, where the reference-based verdict flags it too; all-on
+    verifies itself. The witness sees fresh optimizer moments at the first step (its fingerprint),
+    before the trajectory shows them one step later."""
+    overrides = ["--train.max_steps=20", *standby_overrides()]
+    jobs = plan_jobs(
+        "demo",
+        overrides,
+        1,
+        [],
+        ablation=True,
+        ablation_modes=["graceful"],
+        fault_step=13,
+        interval=5,
+        repeats=1,
+    )
+    run_plan(tmp_path, jobs, progress=False)
+    summary = summarize(tmp_path)
+    cells = {c.row: c for c in summary.groups[0].cells}
+    runs = summary.groups[0].runs
+    assert not cells["all-on"].flagged and runs[cells["all-on"].run].self_check == "verified 1"
+    for row in ("optimizer-restore-off", "rng-restore-off", "data-position-off", "atomic-commit-off"):
+        cell, analysis = cells[row], runs[cells[row].run]
+        first = cell.verdict.first_divergent_step
+        assert cell.flagged and first is not None, row
+        assert analysis.self_check.startswith("DIVERGED at "), (row, analysis.self_check)
+        assert int(analysis.self_check.removeprefix("DIVERGED at ")) <= first, (
+            row,
+            analysis.self_check,
+            first,
+        )

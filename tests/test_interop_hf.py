@@ -125,7 +125,13 @@ def test_round_trip_is_bitwise(layout: str, runs, tmp_path: Path) -> None:
     assert info["format"] == "truestep-interop" and info["source"]["type"] == "huggingface"
 
     original, imported = load_model_tensors(ckpt_dir), load_model_tensors(step_dir)
-    bitwise_equal(original, imported)
+    if layout.startswith("tied"):  # the import stores a tied weight once; init_from re-ties it (below)
+        assert "output.weight" not in imported
+        assert torch.equal(original["output.weight"], original["tok_embeddings.weight"])
+        original_once = {k: v for k, v in original.items() if k != "output.weight"}
+        bitwise_equal(original_once, imported)
+    else:
+        bitwise_equal(original, imported)
 
     # The recorded model config builds the same shapes (the FFN rule may be spelled differently).
     a, b = read_model_config(ckpt_dir), read_model_config(step_dir)

@@ -138,12 +138,24 @@ def stopped(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return run
 
 
+def test_the_witness_leaves_an_fsdp_model_as_saved(tmp_path: Path) -> None:
+    """FSDP2 keeps the root's parameters gathered after a forward without backward; the witness's
+    forward must reshard them, or the end-of-run digest (and anything reading model.parameters()) sees
+    full tensors, not the shards that were saved."""
+    run = tmp_path / "run"
+    launch(run, *COMMON, "--train.stop_at_step=4", nproc=2)
+    (save,), (end,) = events(run, "checkpoint_save"), events(run, "run_end")
+    assert events(run, "stop_witness") and end["param_digest"] == save["param_digest"]
+
+
 @pytest.mark.parametrize(
     ("switch", "fields"),
     [
         ("", []),
         ("--checkpoint.restore_rng_state=false", ["rng_fingerprint", "loss"]),
         ("--checkpoint.restore_data_position=false", ["batch_fingerprint", "loss"]),
+        # Fresh moments shape only the update: the first forward is the same, the fingerprint is not.
+        ("--checkpoint.restore_optimizer_state=false", ["optimizer_fingerprint"]),
     ],
 )
 def test_graceful_stop_the_witness_judges_the_first_step(

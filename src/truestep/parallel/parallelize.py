@@ -11,7 +11,7 @@ import warnings
 
 import torch
 from torch import nn
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import Replicate
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
@@ -58,6 +58,16 @@ def apply_fsdp(model: Transformer, ctx: DistContext, cfg: JobConfig) -> None:
     for block in model.layers.values():
         fully_shard(block, **kwargs)
     fully_shard(model, **kwargs)
+
+
+def reshard(model: nn.Module) -> None:
+    """Free every FSDP2 module's unsharded parameters. A forward without a backward (a witness, an
+    evaluation) leaves the root unsharded (FSDP2 keeps the root's parameters gathered after forward,
+    expecting the backward), and model.parameters() would then be full tensors, not the shards every
+    digest and checkpoint reads. A no-op for a model without FSDP."""
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.reshard()
 
 
 # FSDP2 warns when the root returns a view (TP's local logits are one): in-place ops on it would skip

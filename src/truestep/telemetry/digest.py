@@ -1,4 +1,4 @@
-"""A cheap parameter digest for the event log: SHA-256 over every rank's local shards, in rank order.
+"""Cheap parameter (and optimizer state) digests for the event log: SHA-256 over every rank's local shards, in rank order.
 
 It is layout-dependent by design (no all-gather of full weights): two runs with the same layout have
 equal digests iff every parameter shard is bit-identical.
@@ -16,18 +16,46 @@ from torch.distributed.tensor import DTensor
 from truestep.parallel.dist import DistContext
 
 
+def _update(h: hashlib._Hash, name: str, tensor: torch.Tensor) -> None:
+    local = tensor.to_local() if isinstance(tensor, DTensor) else tensor
+    h.update(name.encode())
+    h.update(local.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+
+
 def local_digest(model: nn.Module) -> bytes:
     h = hashlib.sha256()
     for name, param in model.named_parameters():
-        local = param.to_local() if isinstance(param, DTensor) else param
+        _update(h, name, param)
+    return h.digest()
+
+
+def local_optimizer_digest(model: nn.Module, optimizer: torch.optim.Optimizer) -> bytes:
+    """This rank's optimizer state (every moment and step counter of every parameter, in parameter
+    order); a parameter without state (a fresh optimizer) hashes its name alone."""
+    h = hashlib.sha256()
+    for name, param in model.named_parameters():
         h.update(name.encode())
-        h.update(local.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+        for key, value in sorted(optimizer.state.get(param, {}).items()):
+            if isinstance(value, torch.Tensor):
+                _update(h, f"{name}.{key}", value)
+            else:
+                h.update(f"{name}.{key}={value!r}".encode())
     return h.digest()
 
 
 def param_digest(model: nn.Module, ctx: DistContext) -> str:
     """Collective when distributed: every rank must call it. Returns the hex digest on every rank."""
-    mine = torch.frombuffer(bytearray(local_digest(model)), dtype=torch.uint8).to(ctx.device)
+    return _gathered(local_digest(model), ctx)
+
+
+def optimizer_digest(model: nn.Module, optimizer: torch.optim.Optimizer, ctx: DistContext) -> str:
+    """Collective, like param_digest, over the optimizer state: layout-dependent, equal iff every rank's
+    moments are bit-identical."""
+    return _gathered(local_optimizer_digest(model, optimizer), ctx)
+
+
+def _gathered(local: bytes, ctx: DistContext) -> str:
+    mine = torch.frombuffer(bytearray(local), dtype=torch.uint8).to(ctx.device)
     if not ctx.distributed:
         return hashlib.sha256(mine.cpu().numpy().tobytes()).hexdigest()
     gathered = [torch.empty_like(mine) for _ in range(ctx.world_size)]

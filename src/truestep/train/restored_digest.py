@@ -4,6 +4,10 @@ digest the save recorded in the event log (`checkpoint_save.param_digest`). A mi
 restore: `CheckpointContentError`, which the checkpoint hook answers as for a checkpoint that fails to
 load (quarantine it, fall back to the next older one) and says so.
 
+With checkpoint.atomic_commit=false (the naive ablation: "a directory that exists is complete", nothing
+is quarantined) a mismatch is reported, not acted on: the event is logged, the facts say "differs", and
+the resume self-check (train/hooks/resume_check.py) flags the resume at its first step.
+
 Switch: checkpoint.verify_restored_digest. Not checked (and said so in the facts) when the layout
 changed, or when the save recorded no digest (a run made before this check, or a save killed before
 its event was written).
@@ -24,6 +28,8 @@ if TYPE_CHECKING:
     from truestep.train.trainer import Trainer
 
 NOT_RECORDED, MATCHES, DIFFERS = 0, 1, 2
+DIFFERS_KEPT = "differs (atomic_commit=false: restored anyway)"
+"""The restore facts' verdict when the digests differ in the naive ablation."""
 
 
 def recorded_digest(events: Path, step: int, attempt: int) -> str | None:
@@ -59,9 +65,17 @@ def verify_restored_digest(trainer: Trainer, ckpt_dir: Path, facts: dict[str, An
         outcome = NOT_RECORDED if want is None else MATCHES if want == got else DIFFERS
     outcome = broadcast_int(outcome, trainer.ctx)
     if outcome == DIFFERS:
+        kept = not trainer.cfg.checkpoint.atomic_commit
         trainer.logs.event(
-            "restore_digest_mismatch", path=str(ckpt_dir), step=facts["step"], saved=want, restored=got
+            "restore_digest_mismatch",
+            path=str(ckpt_dir),
+            step=facts["step"],
+            saved=want,
+            restored=got,
+            quarantined=not kept,
         )
+        if kept:
+            return {"restored_digest": DIFFERS_KEPT, "param_digest": got, "saved_param_digest": want}
         raise CheckpointContentError(
             f"the parameters restored from {ckpt_dir} are not the ones saved: digest {got[:12]} != "
             f"{(want or '?')[:12]} recorded at save (checkpoint.verify_restored_digest)"

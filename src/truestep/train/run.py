@@ -70,9 +70,14 @@ def build_hooks(attempt: Attempt) -> list[Hook]:
     others report."""
     checkpoints = CheckpointHook(attempt.fence, attempt.number)
     metrics = MetricsHook()
-    witness = WitnessHook(metrics)  # after checkpoints: it reads the restored state, witnesses the saved one
+    witness = WitnessHook(
+        metrics, lambda: checkpoints.restore_facts.get("layout_changed", False)
+    )  # after checkpoints: it reads the restored state, witnesses the saved one
     resume_check = ResumeCheckHook(
-        metrics, lambda: checkpoints.restore_facts.get("layout_changed", False), lambda: witness.active
+        metrics,
+        lambda: checkpoints.restore_facts.get("layout_changed", False),
+        lambda: witness.active,
+        lambda: checkpoints.restore_facts.get("restored_digest", ""),
     )
     return [
         resume_check,

@@ -16,16 +16,19 @@ from typing import TYPE_CHECKING
 from truestep.checkpoint.errors import ResumeError
 from truestep.core.names import METRICS_FILE
 from truestep.parallel.dist import broadcast_int
-from truestep.resilience.replay import ReplayCheck, Verdict, prefault_window
+from truestep.resilience.replay import Mismatch, ReplayCheck, Verdict, prefault_window
 from truestep.telemetry.jsonl import iter_jsonl
 from truestep.train.hooks.base import Hook
 from truestep.train.hooks.metrics import MetricsHook, step_fields
+from truestep.train.restored_digest import DIFFERS_KEPT
 
 if TYPE_CHECKING:
     from truestep.train.trainer import StepResult, Trainer
 
 UNREADABLE = -1
 """Broadcast window length meaning: rank 0 could not read the pre-fault lines."""
+RESTORED_OTHER_WEIGHTS = -2
+"""Broadcast window length meaning: the restore kept weights that are not the saved ones (naive ablation)."""
 TB_VALUE = {Verdict.VERIFIED: 1.0, Verdict.UNVERIFIED: 0.0, Verdict.DIVERGED: -1.0}
 """`resume/self_check` in TensorBoard: 1 verified, 0 unverified, -1 diverged."""
 
@@ -57,11 +60,14 @@ class ResumeCheckHook(Hook):
         metrics: MetricsHook,
         layout_changed: Callable[[], bool] = lambda: False,
         witnessed: Callable[[], bool] = lambda: False,
+        restored_digest: Callable[[], str] = lambda: "",
     ) -> None:
         self.metrics = metrics
         self.layout_changed = layout_changed
         self.witnessed = witnessed
         """A stop witness judges this resume (train/hooks/witness.py): nothing replayed is not news."""
+        self.restored_digest = restored_digest
+        """The restore's digest verdict (train/restored_digest.py); DIFFERS_KEPT flags the resume at once."""
         self.check: ReplayCheck | None = None
         self.window_len = 0
         self.first_step = 0
@@ -81,10 +87,25 @@ class ResumeCheckHook(Hook):
                 window, reason = {}, f"cannot read the pre-fault lines: {err}"
             bitwise = bitwise_platform(trainer, bool(self.layout_changed()))
             self.check = ReplayCheck(restored_step, window, bitwise, cfg.resume_check_floor)
-            length = UNREADABLE if reason else len(window)
+            if self.restored_digest() == DIFFERS_KEPT:  # the naive ablation restored other weights
+                self.check.mismatch = Mismatch(
+                    self.first_step,
+                    ("param_digest",),
+                    {},
+                    {},
+                    "the restored weights: they are not the ones saved (checkpoint.atomic_commit=false)",
+                )
+            if reason:
+                length = UNREADABLE
+            elif self.check.mismatch is not None:
+                length = RESTORED_OTHER_WEIGHTS
+            else:
+                length = len(window)
         self.window_len = broadcast_int(length, trainer.ctx)
         if self.window_len <= 0:
             self._finish(trainer, reason)
+        if self.window_len == RESTORED_OTHER_WEIGHTS:
+            self._stop_if_asked(trainer, self.first_step)
 
     def after_step(self, trainer: Trainer, result: StepResult) -> None:
         if self.finished:
@@ -106,11 +127,15 @@ class ResumeCheckHook(Hook):
         last = step >= self.first_step + self.window_len - 1
         if flagged or last:
             self._finish(trainer, "")
-            if flagged and trainer.cfg.resilience.on_resume_divergence == "stop":
-                raise ResumeDivergedError(
-                    f"the resume diverged from the pre-fault trajectory at step {step} "
-                    '(resilience.on_resume_divergence = "stop"): see the resume_diverged event'
-                )
+            if flagged:
+                self._stop_if_asked(trainer, step)
+
+    def _stop_if_asked(self, trainer: Trainer, step: int) -> None:
+        if trainer.cfg.resilience.on_resume_divergence == "stop":
+            raise ResumeDivergedError(
+                f"the resume diverged from the pre-fault trajectory at step {step} "
+                '(resilience.on_resume_divergence = "stop"): see the resume_diverged event'
+            )
 
     def on_end(self, trainer: Trainer) -> None:
         # The run ended inside the window (a lower max_steps, a stop): judge what was compared.

@@ -1,8 +1,11 @@
 """A witness for graceful stops, where nothing is recomputed after the resume (the emergency save is at
 the last step): before the attempt ends, record what the next step will see (the fingerprint of its
-batch, of rank 0's RNG streams, and the loss of a forward pass over the batch, not applied), and after the
-resume check the first step against it. Taking it costs one forward pass (`witness_s` in the event); the
-loader and RNG streams are rewound after it, so the saved trajectory is untouched.
+batch, of rank 0's RNG streams, of every rank's optimizer state, and the loss of a forward pass over the
+batch, not applied), and after the resume check the first step against it. The optimizer fingerprint is
+what sees a resume without its moments: they shape only the update, not the first forward. It is not
+compared across a layout change (the shards differ by design). Taking the witness costs one forward
+pass and one SHA-256 pass over the local optimizer state (`witness_s` in the event); the loader and RNG
+streams are rewound after it, so the saved trajectory is untouched.
 
 Events: `stop_witness` at the stop; after the resume `resume_verified` or `resume_diverged` with
 `witness = true` (a bitwise-deterministic platform only; elsewhere `resume_unverified`).
@@ -13,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -22,6 +26,8 @@ import torch.nn.functional as F
 from truestep.core.names import EVENTS_FILE
 from truestep.core.status import StopReason
 from truestep.parallel.dist import broadcast_int
+from truestep.parallel.parallelize import reshard
+from truestep.telemetry.digest import optimizer_digest
 from truestep.telemetry.jsonl import iter_jsonl
 from truestep.telemetry.lines import same_bits
 from truestep.train.hooks.base import Hook
@@ -67,6 +73,7 @@ def forward_loss(trainer: Trainer, microbatches: list[tuple[torch.Tensor, torch.
         for inputs, targets in microbatches:
             logits = trainer.model(inputs.to(trainer.ctx.device))
             total += F.cross_entropy(logits.flatten(0, 1), targets.to(trainer.ctx.device).flatten())
+    reshard(trainer.model)  # a forward without backward leaves the FSDP2 root gathered
     loss = total / len(microbatches)
     if trainer.ctx.distributed and trainer.ctx.dp > 1:
         dist.all_reduce(loss, op=dist.ReduceOp.SUM, group=trainer.ctx.dp_group())
@@ -76,8 +83,9 @@ def forward_loss(trainer: Trainer, microbatches: list[tuple[torch.Tensor, torch.
 
 
 class WitnessHook(Hook):
-    def __init__(self, metrics: MetricsHook) -> None:
+    def __init__(self, metrics: MetricsHook, layout_changed: Callable[[], bool] = lambda: False) -> None:
         self.metrics = metrics
+        self.layout_changed = layout_changed
         self.expected: dict[str, Any] | None = None
         self.active = False
         """A witness of the restored step exists (known on every rank): the resume is judged here."""
@@ -98,7 +106,8 @@ class WitnessHook(Hook):
         self.active = bool(broadcast_int(found, trainer.ctx))
         if self.active:
             _, batch, rng = peek(trainer)
-            self.seen = {"batch_fingerprint": batch, "rng_fingerprint": rng}
+            moments = optimizer_digest(trainer.model, trainer.optimizer, trainer.ctx)
+            self.seen = {"batch_fingerprint": batch, "rng_fingerprint": rng, "optimizer_fingerprint": moments}
 
     def after_step(self, trainer: Trainer, result: StepResult) -> None:
         if not self.active:
@@ -117,7 +126,10 @@ class WitnessHook(Hook):
         want = self.expected
         assert want is not None
         got = {**self.seen, "loss": result.loss}
-        differs = [k for k in ("batch_fingerprint", "rng_fingerprint") if want.get(k) != got[k]]
+        compared = ["batch_fingerprint", "rng_fingerprint"]
+        if "optimizer_fingerprint" in want and not self.layout_changed():
+            compared.append("optimizer_fingerprint")
+        differs = [k for k in compared if want.get(k) != got[k]]
         bitwise = bitwise_platform(trainer, False)
         loss_equal = isinstance(want.get("loss"), float) and same_bits(want["loss"], result.loss)
         if not loss_equal and bitwise:
@@ -151,12 +163,14 @@ class WitnessHook(Hook):
         started = time.perf_counter()
         batch, batch_fp, rng_fp = peek(trainer)
         loss = forward_loss(trainer, batch)
+        moments = optimizer_digest(trainer.model, trainer.optimizer, trainer.ctx)
         trainer.logs.event(
             "stop_witness",
             step=trainer.state.step,
             loss=loss,
             batch_fingerprint=batch_fp,
             rng_fingerprint=rng_fp,
+            optimizer_fingerprint=moments,
             witness_s=time.perf_counter() - started,
         )
 
