@@ -46,6 +46,7 @@ from truestep.core.errors import FencedError, RefusedError, os_error_line, stora
 from truestep.core.fsio import atomic_write, make_dir
 from truestep.faults.hooks import fault_point
 from truestep.parallel.dist import DistContext
+from truestep.telemetry.digest import gather_digest
 from truestep.telemetry.run_logs import RunLogs
 
 
@@ -108,19 +109,21 @@ class Checkpointer:
         if not self.ctx.distributed:
             silence_single_process_saves()
 
-    def save(self, step: int, states: Checkpointable, reason: str, digest: Callable[[], str]) -> None:
+    def save(self, step: int, states: Checkpointable, reason: str, local_digest: Callable[[], bytes]) -> None:
         """Collective. Start (async) or complete (sync) a save of the current step.
 
-        `blocking_s` in the event is everything the training loop waited for from the call on: the
-        previous save's completion, the parameter digest (`digest`, collective), the rank-state write,
-        staging (async) or the whole write and commit (sync).
+        `local_digest` hashes this rank's parameter shards; it runs on a thread beside the rank-state
+        write and the staging copy (all three only read the state, and hashing and copying release the
+        GIL), then the ranks gather it into the `param_digest` of the event. `blocking_s` in the event is
+        everything the training loop waited for from the call on: the previous save's completion, the
+        digest, the rank-state write, staging (async) or the whole write and commit (sync).
         """
         if step == self.last_saved_step:
             self.logs.event("checkpoint_skipped", step=step, reason=reason, why="already saved at this step")
             return
         started = time.perf_counter()
         self.wait()
-        param_digest = digest()
+        hashing = _on_thread(local_digest)
         ckpt_dir = self.root / step_dir_name(step)
         make_dir(ckpt_dir)
         fault_point("save:before-shards", step=step)
@@ -137,6 +140,7 @@ class Checkpointer:
                 dcp.save(state, storage_writer=writer)
                 future = Future()
                 future.set_result(None)
+        param_digest = gather_digest(hashing.result(), self.ctx)  # before anything may change the state
         # A `mutate` fault: the saved tensors change while the (async) write may still be reading them.
         fault_point("save:writing", step=step, mutate=lambda: mutate_in_place(state))
         release()
@@ -274,3 +278,17 @@ class Checkpointer:
             self.logs.event(
                 "checkpoint_removed", step=set_aside_step(old), reason=f"{rule}={keep}", name=old.name
             )
+
+
+def _on_thread(work: Callable[[], bytes]) -> Future[bytes]:
+    """`work()` on a thread of its own; its result (or its exception) through the future."""
+    done: Future[bytes] = Future()
+
+    def run() -> None:
+        try:
+            done.set_result(work())
+        except BaseException as err:  # handed to the caller by done.result()
+            done.set_exception(err)
+
+    threading.Thread(target=run, name="truestep-param-digest", daemon=True).start()
+    return done

@@ -1,4 +1,5 @@
-"""Cheap parameter (and optimizer state) digests for the event log: SHA-256 over every rank's local shards, in rank order.
+"""Cheap parameter (and optimizer state) digests for the event log: SHA-256 over every rank's local
+shards, in rank order.
 
 It is layout-dependent by design (no all-gather of full weights): two runs with the same layout have
 equal digests iff every parameter shard is bit-identical.
@@ -45,16 +46,17 @@ def local_optimizer_digest(model: nn.Module, optimizer: torch.optim.Optimizer) -
 
 def param_digest(model: nn.Module, ctx: DistContext) -> str:
     """Collective when distributed: every rank must call it. Returns the hex digest on every rank."""
-    return _gathered(local_digest(model), ctx)
+    return gather_digest(local_digest(model), ctx)
 
 
 def optimizer_digest(model: nn.Module, optimizer: torch.optim.Optimizer, ctx: DistContext) -> str:
     """Collective, like param_digest, over the optimizer state: layout-dependent, equal iff every rank's
     moments are bit-identical."""
-    return _gathered(local_optimizer_digest(model, optimizer), ctx)
+    return gather_digest(local_optimizer_digest(model, optimizer), ctx)
 
 
-def _gathered(local: bytes, ctx: DistContext) -> str:
+def gather_digest(local: bytes, ctx: DistContext) -> str:
+    """Collective: every rank's local digest, in rank order, hashed into one hex digest."""
     mine = torch.frombuffer(bytearray(local), dtype=torch.uint8).to(ctx.device)
     if not ctx.distributed:
         return hashlib.sha256(mine.cpu().numpy().tobytes()).hexdigest()

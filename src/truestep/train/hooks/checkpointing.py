@@ -20,7 +20,7 @@ from truestep.checkpoint.state import restore
 from truestep.core.status import Phase
 from truestep.faults.hooks import fault_point
 from truestep.faults.hooks import set_context as set_fault_context
-from truestep.telemetry.digest import param_digest
+from truestep.telemetry.digest import local_digest
 from truestep.train.hooks.base import Hook
 from truestep.train.restored_digest import verify_restored_digest
 
@@ -144,7 +144,7 @@ class CheckpointHook(Hook):
 
     def _save(self, trainer: Trainer, reason: str) -> None:
         assert self.checkpointer is not None
-        digest = lambda: param_digest(trainer.model, trainer.ctx)  # noqa: E731 - computed inside save's timing
+        digest = lambda: local_digest(trainer.model)  # noqa: E731 - computed inside save's timing
         self.checkpointer.save(trainer.state.step, trainer, reason, digest)
 
     def after_step(self, trainer: Trainer, result: StepResult) -> None:
