@@ -10,9 +10,10 @@ reversed order (bench_common.abba), every checkpoint's pages evicted before it i
   resume_v2  structural verify + dcp.load through the safe reader hashing each item as it reads it;
   resume_v1  verify with SHA-256 of every file, then the safe dcp.load (the old resume);
   load       a plain stock dcp.load of the same checkpoint (no checks at all).
-world sweep (--world 1 2 4 gloo ranks, --per-rank-mb each): from hash_counters, not timing: the busiest
-rank's hashed bytes as a fraction of the checkpoint, and the bytes read back only to hash (extra read
-passes); rank 0's commit time and the slowest rank's resume time.
+world sweep (--world 1 2 4 gloo ranks, --per-rank-mb each, new and old protocol alternating,
+--world-trials each): from hash_counters, not timing: the busiest rank's hashed bytes as a fraction of
+the checkpoint, and the bytes read back only to hash (extra read passes); then the save+commit time
+(rank 0, barrier to barrier) and the slowest rank's cold resume time.
 
     OMP_NUM_THREADS=1 python benchmarks/integrity_scale.py [--sizes 0.3 1] [--trials 5] [--world 1 2 4]
         [--per-rank-mb 128] [--dir /path/on/the/checkpoint/filesystem]
@@ -70,7 +71,8 @@ def save(root: Path, state: dict[str, torch.Tensor], v2: bool, no_dist: bool = T
             write_marker(ckpt_dir, 1, write_manifest_v2(ckpt_dir, 1, writer.digests))
     else:
         dcp.save(state, storage_writer=dcp.FileSystemWriter(ckpt_dir, sync_files=True), no_dist=no_dist)
-        write_marker(ckpt_dir, 1, write_manifest(ckpt_dir, 1))
+        if not dist.is_initialized() or dist.get_rank() == 0:  # the old commit: rank 0 re-reads every file
+            write_marker(ckpt_dir, 1, write_manifest(ckpt_dir, 1))
     return ckpt_dir
 
 
@@ -127,49 +129,60 @@ def size_sweep(base: Path, gb: float, trials: int) -> dict[str, list[float]]:
     return res
 
 
-def _rank(rank: int, world: int, init: str, root: str, per_rank: int, out: str) -> None:
+def _rank(rank: int, world: int, init: str, root: str, per_rank: int, out: str, v2: bool) -> None:
     dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=world)
     try:
         state = make_state(per_rank, prefix=f"r{rank}.")
         hash_counters.reset()
-        save(Path(root), state, True, no_dist=False)
-        wrote = hash_counters.snapshot()
         dist.barrier()
+        started = time.perf_counter()
+        save(Path(root), state, v2, no_dist=False)
+        dist.barrier()
+        save_s = time.perf_counter() - started
+        wrote = hash_counters.snapshot()
         ckpt_dir = Path(root) / step_dir_name(1)
         evict(ckpt_dir)
         dist.barrier()
         hash_counters.reset()
         started = time.perf_counter()
-        resume(ckpt_dir, {k: torch.empty_like(v) for k, v in state.items()}, True, no_dist=False)
+        resume(ckpt_dir, {k: torch.empty_like(v) for k, v in state.items()}, v2, no_dist=False)
         took = time.perf_counter() - started
         read = hash_counters.snapshot()
-        commit_s = 0.0
-        if rank == 0:  # the commit alone, again, timed (the manifest is rewritten identically)
-            digests = json.loads((ckpt_dir / "manifest.json").read_text())["files"]
-            items = {n: e["items"] for n, e in digests.items() if "items" in e}
-            started = time.perf_counter()
-            write_manifest_v2(ckpt_dir, 1, items)
-            commit_s = time.perf_counter() - started
-        facts = {"wrote": wrote, "read": read, "resume_s": took, "commit_s": commit_s}
+        facts = {"wrote": wrote, "read": read, "resume_s": took, "save_s": save_s}
         Path(out, f"rank{rank}.json").write_text(json.dumps(facts))
     finally:
         dist.destroy_process_group()
 
 
-def world_sweep(base: Path, world: int, per_rank: int) -> dict[str, float]:
+def world_trial(base: Path, world: int, per_rank: int, v2: bool) -> dict[str, float]:
+    """One save + cold resume by `world` gloo ranks, `per_rank` bytes each, the new protocol (v2: each
+    rank hashes what it writes and reads) or the old (v1: rank 0 re-reads and hashes every file at the
+    commit and again before the load)."""
     run = base / f"world{world}"
+    shutil.rmtree(run, ignore_errors=True)
     run.mkdir()
-    mp.spawn(_rank, args=(world, str(run / "init"), str(run), per_rank, str(run)), nprocs=world)
+    mp.spawn(_rank, args=(world, str(run / "init"), str(run), per_rank, str(run), v2), nprocs=world)
     facts = [json.loads((run / f"rank{r}.json").read_text()) for r in range(world)]
     total = sum(p.stat().st_size for p in (run / step_dir_name(1)).glob("*.distcp"))
     shutil.rmtree(run)
+    hashed = [f["wrote"]["while_writing"] + f["wrote"]["read_back"] for f in facts]
+    verified = [f["read"]["while_reading"] + f["read"]["read_back"] for f in facts]
     return {
-        "write_busiest": max(f["wrote"]["while_writing"] + f["wrote"]["read_back"] for f in facts) / total,
-        "read_busiest": max(f["read"]["while_reading"] + f["read"]["read_back"] for f in facts) / total,
+        "write_busiest": max(hashed) / total,
+        "read_busiest": max(verified) / total,
         "read_back_passes": sum(f["wrote"]["read_back"] + f["read"]["read_back"] for f in facts) / total,
-        "commit_s": facts[0]["commit_s"],
+        "save_s": facts[0]["save_s"],
         "resume_s": max(f["resume_s"] for f in facts),
     }
+
+
+def world_sweep(base: Path, world: int, per_rank: int, trials: int) -> dict[str, dict[str, list[float]]]:
+    """Both protocols, `trials` times each, in alternating order."""
+    res: dict[str, dict[str, list[float]]] = {"v2": defaultdict(list), "v1": defaultdict(list)}
+    for side in abba(("v2", "v1"), trials):
+        for key, value in world_trial(base, world, per_rank, side == "v2").items():
+            res[side][key].append(value)
+    return res
 
 
 def sha256_rate(nbytes: int = 256 << 20) -> float:
@@ -187,6 +200,7 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=5)
     parser.add_argument("--world", type=int, nargs="*", default=[1, 2, 4])
     parser.add_argument("--per-rank-mb", type=int, default=128)
+    parser.add_argument("--world-trials", type=int, default=3)
     parser.add_argument("--dir", type=Path, default=None)
     args = parser.parse_args()
     base = Path(tempfile.mkdtemp(prefix="integrity-scale-", dir=args.dir))
@@ -206,13 +220,20 @@ def main() -> None:
                     flush=True,
                 )
         for world in args.world:
-            got = world_sweep(base, world, args.per_rank_mb << 20)
-            print(
-                f"## world {world}, {args.per_rank_mb} MiB per rank: busiest rank hashed {got['write_busiest']:.3f} "
-                f"of the checkpoint at save, {got['read_busiest']:.3f} at resume; read back to hash "
-                f"{got['read_back_passes']:.3f} passes; commit {got['commit_s']:.3f} s, resume {got['resume_s']:.3f} s",
-                flush=True,
-            )
+            got = world_sweep(base, world, args.per_rank_mb << 20, args.world_trials)
+            print(f"## world {world}, {args.per_rank_mb} MiB per rank, {args.world_trials} trials; {load()}")
+            for side, label in (
+                ("v2", "new (each rank hashes its bytes)"),
+                ("v1", "old (rank 0 hashes all)"),
+            ):
+                r = got[side]
+                print(
+                    f"  {label:34s} busiest rank hashed {median(r['write_busiest']):.3f} of the checkpoint at "
+                    f"save, {median(r['read_busiest']):.3f} at resume; read back only to hash "
+                    f"{median(r['read_back_passes']):.3f} passes; save+commit {spread(r['save_s'])} s, "
+                    f"resume {spread(r['resume_s'])} s",
+                    flush=True,
+                )
     finally:
         shutil.rmtree(base, ignore_errors=True)
 

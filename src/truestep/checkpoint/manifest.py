@@ -75,10 +75,9 @@ def build_manifest(ckpt_dir: Path, step: int) -> dict[str, Any]:
     files = {}
     for path in payload_files(ckpt_dir):
         fsync_file(path)  # durability of every rank's files before they are declared complete
-        files[path.relative_to(ckpt_dir).as_posix()] = {
-            "size": path.stat().st_size,
-            "sha256": sha256_file(path),
-        }
+        size = path.stat().st_size
+        files[path.relative_to(ckpt_dir).as_posix()] = {"size": size, "sha256": sha256_file(path)}
+        count("read_back", size)
     return {"format": "truestep-manifest", "version": 1, "step": step, "files": files}
 
 
