@@ -80,7 +80,7 @@ def test_reduced_ablation_flags_every_disabled_mechanism(tmp_path: Path) -> None
     # verified, each mechanism off flagged at the same first divergent step.
     by_name = summary.groups[0].runs
     assert by_name[cells["all-on"].run].self_check == "verified 1"
-    for row, offset in expected_after_resume.items():
+    for row in expected_after_resume:
         analysis = by_name[cells[row].run]
         assert analysis.self_check == f"DIVERGED at {cells[row].verdict.first_divergent_step}", (
             row,

@@ -143,8 +143,14 @@ def test_a_standby_never_outlives_its_supervisor(tmp_path: Path) -> None:
 def test_only_the_per_attempt_variables_may_change_at_a_handoff() -> None:
     parked = {"OMP_NUM_THREADS": "1", "RANK": "1", "PATH": "/bin"}
     rank = {**parked, "MASTER_PORT": "1234", "TRUESTEP_ATTEMPT": "3"}
-    # The launch record's per-attempt fields: the attempt, its rendezvous port and its config file.
-    assert set(PER_ATTEMPT_ENV) == {"MASTER_PORT", "TRUESTEP_ATTEMPT", "TRUESTEP_CONFIG_FILE"}
+    # The launch record's per-attempt fields: the attempt, its rendezvous port, its config file and
+    # that file's SHA-256 (the rank refuses a swapped attempt config: issue 27).
+    assert set(PER_ATTEMPT_ENV) == {
+        "MASTER_PORT",
+        "TRUESTEP_ATTEMPT",
+        "TRUESTEP_CONFIG_FILE",
+        "TRUESTEP_CONFIG_SHA256",
+    }
     assert env_differences(parked, rank) == []
     assert env_differences(parked, {**rank, "OMP_NUM_THREADS": "2"}) == ["OMP_NUM_THREADS"]
     assert env_differences(parked, {k: v for k, v in rank.items() if k != "RANK"}) == ["RANK"]

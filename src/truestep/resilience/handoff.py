@@ -2,8 +2,8 @@
 
 A standby is `python -m truestep standby FD CONFIG`, started by the supervisor (resilience/standby.py)
 with the environment its rank slot will have, minus the launch-record fields that change from one
-attempt to the next (`PER_ATTEMPT_ENV`: attempt, rendezvous port, attempt config file). It dies with the supervisor like a rank does (cli/main.py calls
-`die_with_supervisor` first), runs the warm-up it is given (imports: torch, truestep, what the config's
+attempt to the next (`PER_ATTEMPT_ENV`: attempt, rendezvous port, attempt config file and its SHA-256).
+It dies with the supervisor like a rank does (cli/main.py calls `die_with_supervisor` first), runs the warm-up it is given (imports: torch, truestep, what the config's
 run will import lazily), reports ready with its memory footprint on the socket FD, and blocks on that
 socket. The supervisor then either closes the socket (EOF: exit 1, nothing happened) or sends one
 handoff: the rank's launch record whole (core/launch.py) and the environment it goes on top of. The
@@ -38,7 +38,7 @@ from truestep.faults.spec import FaultSpecError, parse_faults
 
 __all__ = ["PER_ATTEMPT_ENV", "adopted_env", "env_differences", "park", "parked_env"]
 # PER_ATTEMPT_ENV: the only variables a standby may learn at the handoff (the attempt's number,
-# rendezvous port and config file). Everything else (threads, RANK, faults, job identity, anything torch
+# rendezvous port, config file and that file's SHA-256). Everything else (threads, RANK, faults, job identity, anything torch
 # reads at import) must already be what the standby was started with, or the supervisor does not hand
 # it over.
 

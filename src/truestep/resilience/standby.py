@@ -15,7 +15,7 @@ Rules:
   imports do not compete for CPU with a start-up or restore. Without heartbeats, at once.
 - At a restart a slot's standby is handed the rank's launch record (core/launch.py) whole, and only if
   it is alive and its environment equals the rank's outside the per-attempt fields (`PER_ATTEMPT`:
-  attempt, rendezvous port, attempt config file); otherwise it is discarded (`standby_discarded`, with
+  attempt, rendezvous port, attempt config file and its SHA-256); otherwise it is discarded (`standby_discarded`, with
   the reason) and the rank starts cold. A standby still importing is handed over anyway (it is ahead of a cold one).
 - A standby that dies before it is ready (a broken install would make every one die) switches warm
   standby off for the rest of the job, loudly; one that dies after is replaced.
