@@ -85,7 +85,13 @@ def test_a_quarantine_and_the_fall_back_past_it_are_said_with_how_the_resume_was
             "reason": "missing COMMITTED",
             "moved_to": "q/step_10",
         },
-        {"event": "checkpoint_verified", "step": 5, "checksums": True, "verify_s": 0.04},
+        {
+            "event": "checkpoint_verified",
+            "step": 5,
+            "checksums": True,
+            "shard_bytes": "hashed while loading",
+            "verify_s": 0.04,
+        },
         {
             "event": "checkpoint_restore",
             "step": 5,
@@ -96,7 +102,8 @@ def test_a_quarantine_and_the_fall_back_past_it_are_said_with_how_the_resume_was
     ]
     assert said(narrator, records) == [
         "truestep train: quarantined checkpoint step 10 (missing COMMITTED); moved to q/step_10",
-        "truestep train: resuming from step 5 (ck/step_00000005; verified by SHA-256 of every file in 0.0 s; "
+        "truestep train: resuming from step 5 (ck/step_00000005; verified by commit marker and manifest; every "
+        "shard item's SHA-256 as it loads, in 0.0 s; "
         "loaded in 0.2 s); fell back past quarantined step 10",
     ]
     back = narrator.metrics({"step": 6, "time": 102.5})

@@ -101,8 +101,8 @@ def test_a_corrupted_checkpoint_is_narrated_quarantined_then_fallen_back_past(tm
     past = ", ".join(str(q["step"]) for q in quarantined)
     resumed = [line for line in lines if line.startswith("truestep train: resuming from step ")]
     assert resumed == [
-        f"truestep train: resuming from step {restored['step']} ({restored['path']}; verified by SHA-256 of "
-        f"every file in {resumed[0].split(' file in ')[1].split(' s;')[0]} s; loaded in "
+        f"truestep train: resuming from step {restored['step']} ({restored['path']}; verified by commit marker "
+        f"and manifest; every shard item's SHA-256 as it loads, in {resumed[0].split(' loads, in ')[1].split(' s;')[0]} s; loaded in "
         f"{restored['restore_s']:.1f} s); fell back past quarantined step {past}"
     ], proc.stderr[-4000:]
     assert lines[-1] == "truestep launch: finished after 1 restart(s)", proc.stderr[-4000:]

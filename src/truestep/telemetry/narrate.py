@@ -132,7 +132,12 @@ def _verified(n: Narrator, r: dict[str, Any]) -> None:
 def _restore(n: Narrator, r: dict[str, Any]) -> str:
     n.restored_at = float(r.get("time", 0.0))
     verified = n.verified or {}
-    how = "SHA-256 of every file" if verified.get("checksums") else "commit marker and manifest, no checksums"
+    if not verified.get("checksums"):
+        how = "commit marker and manifest, no checksums"
+    elif verified.get("shard_bytes") == "hashed while loading":  # issue 20: each rank hashes what it loads
+        how = "commit marker and manifest; every shard item's SHA-256 as it loads,"
+    else:
+        how = "SHA-256 of every file"
     verify_s = verified.get("verify_s")
     checked = f"verified by {how} in {verify_s:.1f} s" if isinstance(verify_s, float) else "not verified"
     past = f"; fell back past quarantined step {', '.join(n.quarantined)}" if n.quarantined else ""
