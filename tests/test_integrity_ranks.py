@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 import torch
 import torch.multiprocessing as mp
-from truestep.checkpoint.verified_read import DigestMismatchError
 
 from integrity_cases import rank_worker, small_state
 from truestep.checkpoint.catalog import step_dir_name
 from truestep.checkpoint.safe_dcp import load_dcp
+from truestep.checkpoint.verified_read import DigestMismatchError
 
 pytestmark = pytest.mark.multiprocess
 

@@ -9,7 +9,6 @@ import json
 
 import pytest
 import torch
-from truestep.checkpoint.verified_read import DigestMismatchError
 
 from integrity_cases import (
     bytes_read_by_this_process,
@@ -24,6 +23,7 @@ from truestep.checkpoint.catalog import MANIFEST, MARKER
 from truestep.checkpoint.integrity import verify
 from truestep.checkpoint.manifest import VerifyError, write_manifest, write_marker
 from truestep.checkpoint.safe_dcp import load_dcp, read_dcp_metadata
+from truestep.checkpoint.verified_read import DigestMismatchError
 
 
 def _zeros_like(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
