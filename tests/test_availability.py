@@ -121,7 +121,9 @@ def test_a_rank_stopped_while_restoring_is_detected(supervised_reference: Path, 
 
 
 def test_ctrl_c_saves_and_stops_without_a_restart(supervised_reference: Path, tmp_path: Path) -> None:
-    proc = supervise(tmp_path)
+    # A pause at step 20 (timing only, not the trajectory) keeps a loaded machine from finishing all
+    # 30 steps before the Ctrl-C below lands (it once exited 0 that way in CI).
+    proc = supervise(tmp_path, faults="sleep:at=train:step:step=20:seconds=20")
     wait_for_step(tmp_path, 0, 7)
     proc.send_signal(signal.SIGINT)
     assert finish(proc) == 130, finish.last_output  # type: ignore[attr-defined]

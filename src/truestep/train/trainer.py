@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
     get_model_state_dict,
     get_optimizer_state_dict,
     set_model_state_dict,
@@ -127,6 +128,7 @@ class Trainer:
                 f"{cfg.model.vocab_size}; raise model.vocab_size"
             )
         seed_streams(cfg.train.seed, ctx.dp_rank, step=0)
+        self.initial_data_position = self.loader.state_dict()
         self.tokens_per_step = cfg.train.global_batch_size * cfg.data.seq_len
         self.trajectory_keys = trajectory_keys(cfg)
         t = cfg.train
@@ -210,6 +212,20 @@ class Trainer:
             set_optimizer_state_dict(self.model, self.optimizer, state["optim"])
         if self.restore_error is not None:
             self.restore_error.perturb(self.params)
+
+    def reset_to_initial(self) -> None:
+        """Collective. Weights, optimizer, counters, data position and RNG streams exactly as the
+        constructor left them. A fresh start after a restore that failed part-way must inherit nothing
+        of it: a load can fail after the optimizer state was materialized for it (one zero-gradient step
+        counted), after items were copied, or after everything was loaded (a restored-digest mismatch)."""
+        fresh = Transformer(self.cfg.model)
+        fresh.init_weights(self.cfg.train.seed)  # as the constructor did, before sharding
+        options = StateDictOptions(full_state_dict=True)
+        set_model_state_dict(self.model, fresh.state_dict(), options=options)
+        self.optimizer.state.clear()  # a fresh AdamW has no state until its first step
+        self.state = TrainState()
+        self.loader.load_state_dict(self.initial_data_position)
+        seed_streams(self.cfg.train.seed, self.ctx.dp_rank, step=0)
 
     def rank_state(self) -> RankState:
         return RankState(asdict(self.state), self.loader.state_dict(), capture_rng())

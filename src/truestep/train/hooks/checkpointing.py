@@ -81,17 +81,23 @@ class CheckpointHook(Hook):
         """Collective. Resolve and restore; a checkpoint whose bytes turn out bad while loading (it
         verified, but e.g. a tensor is stored in another dtype than declared) is quarantined and the
         next older one is tried, exactly as if it had failed verification. Every piece of state comes
-        from the checkpoint finally loaded: the failed attempt's partial load is overwritten entirely."""
+        from the checkpoint finally loaded: the failed attempt's partial load is overwritten entirely;
+        when none loads and the run starts fresh, the trainer is reset to its initial state."""
         cfg = trainer.cfg.checkpoint
+        failed_loads = 0
         while True:
             ckpt_dir = resolve_start(root, cfg, trainer.ctx, trainer.logs)
             if ckpt_dir is None:
+                if failed_loads:  # a fresh start after a failed load: nothing of it may remain
+                    trainer.reset_to_initial()
+                    trainer.logs.event("state_reset", after_failed_loads=failed_loads)
                 return None
             try:
                 self._restore(trainer, ckpt_dir)
                 self._say_if_copied(trainer, ckpt_dir)
                 return ckpt_dir
             except CheckpointContentError as err:  # raised on every rank: DCP gathers load failures
+                failed_loads += 1
                 if trainer.ctx.is_main:
                     quarantine_logged(ckpt_dir, f"failed to load: {err}", trainer.logs)
 
