@@ -117,6 +117,28 @@ def wait_for_event(run_dir: Path, name: str, timeout: float = 60) -> dict:
     raise AssertionError(f"no {name} event in {run_dir} after {timeout}s")
 
 
+HOLD_STEP, HOLD_S = 8, 5.0
+HOLD_OVERRIDE = "--resilience.hang_timeout_s=60"
+"""A test that acts on a running job (a signal, a kill) holds one rank before step HOLD_STEP for HOLD_S s
+(timing only: the trajectory is unchanged) and acts once the hold has begun, so what it hits does not
+depend on how fast this machine runs: after a mere heartbeat, a loaded machine could finish all 30 steps,
+or reach a later pause, before the action landed. The hold stays far below this hang_timeout_s."""
+
+
+def hold(rank: int = 0) -> str:
+    """The fault spec of the hold on `rank`."""
+    return f"sleep:at=train:step:step={HOLD_STEP}:rank={rank}:seconds={HOLD_S}"
+
+
+def wait_until_held(run_dir: Path, rank: int = 0) -> int:
+    """Wait until `rank` is in its hold; return its pid."""
+    held = wait_for_event(run_dir, "fault_injected")
+    assert (held["kind"], held["step"], held["rank"]) == ("sleep", HOLD_STEP, rank), held
+    b = beat(run_dir, rank)
+    assert b is not None, f"rank {rank} is held but wrote no heartbeat"
+    return b["pid"]
+
+
 def alive(pid: int) -> bool:
     """Running (not merely a zombie waiting to be reaped)."""
     try:

@@ -16,14 +16,17 @@ import pytest
 import harness
 from harness import TINY, events, launch, truestep_env
 from supervised import (
+    HOLD_OVERRIDE,
+    HOLD_STEP,
     SLACK,
     assert_matches_reference,
     finish,
+    hold,
     one_line,
     supervise,
     supervisor_events,
     wait_for_event,
-    wait_for_step,
+    wait_until_held,
 )
 from truestep.checkpoint.catalog import MARKER, QUARANTINE, SUPERSEDED, step_dir_name, step_dirs, step_of
 from truestep.checkpoint.resolver import NO_CHECKPOINT, NONE_VERIFIED, pick_resume
@@ -121,10 +124,10 @@ def test_a_rank_stopped_while_restoring_is_detected(supervised_reference: Path, 
 
 
 def test_ctrl_c_saves_and_stops_without_a_restart(supervised_reference: Path, tmp_path: Path) -> None:
-    # A pause at step 20 (timing only, not the trajectory) keeps a loaded machine from finishing all
-    # 30 steps before the Ctrl-C below lands (it once exited 0 that way in CI).
-    proc = supervise(tmp_path, faults="sleep:at=train:step:step=20:seconds=20")
-    wait_for_step(tmp_path, 0, 7)
+    # Sent after a mere heartbeat, the Ctrl-C once arrived after step 30 (exit 0) and once during a later
+    # pause that hang detection then ended (no graceful stop): it now lands while rank 0 is held.
+    proc = supervise(tmp_path, HOLD_OVERRIDE, faults=hold())
+    wait_until_held(tmp_path)
     proc.send_signal(signal.SIGINT)
     assert finish(proc) == 130, finish.last_output  # type: ignore[attr-defined]
     assert "Traceback" not in finish.last_output  # type: ignore[attr-defined]
@@ -133,6 +136,7 @@ def test_ctrl_c_saves_and_stops_without_a_restart(supervised_reference: Path, tm
     # The supervisor signals every rank; the ranks may agree on the stop before rank 0's own SIGINT
     # has been noted ("peer"): either way, the stop is an interrupt.
     assert (stop["signal"] in ("SIGINT", "peer"), stop["stop_reason"]) == (True, "interrupted"), stop
+    assert stop["stop_step"] == HOLD_STEP, stop  # the first step boundary after the signal
     assert stop["stop_step"] in {e["step"] for e in events(tmp_path, "checkpoint_commit")}
     assert supervisor_events(tmp_path, "restart") == []
     assert finish(supervise(tmp_path)) == 0

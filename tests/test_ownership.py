@@ -19,16 +19,18 @@ import pytest
 
 from harness import TINY, events, truestep_env
 from supervised import (
+    HOLD_OVERRIDE,
     alive,
     assert_matches_reference,
     finish,
+    hold,
     launch_cmd,
     one_line,
     pids_of_attempts,
     supervise,
     supervisor_events,
     wait_for_event,
-    wait_for_step,
+    wait_until_held,
 )
 from truestep.checkpoint.catalog import MARKER, step_dir_name
 from truestep.checkpoint.saver import Checkpointer, PendingSave
@@ -71,9 +73,10 @@ def test_a_second_job_into_a_leased_directory_is_refused(supervised_reference: P
 def test_supervisor_sigkill_takes_its_ranks_along_and_the_next_job_takes_over(
     supervised_reference: Path, tmp_path: Path
 ) -> None:
-    proc = supervise(tmp_path)
-    wait_for_step(tmp_path, 1, 7)
+    proc = supervise(tmp_path, HOLD_OVERRIDE, faults=hold(rank=1))
+    wait_until_held(tmp_path, rank=1)  # mid-run whatever this machine's speed
     ranks = pids_of_attempts(tmp_path)
+    assert all(alive(pid) for pid in ranks), ranks
     proc.kill()
     killed = time.time()
     proc.communicate()

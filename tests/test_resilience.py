@@ -19,14 +19,18 @@ from harness import TINY, events, final_digest, launch, loss_bits_by_step, trues
 from supervised import (
     COMMON,
     HANG,
+    HOLD_OVERRIDE,
+    HOLD_STEP,
     LIVENESS,
     SLACK,
     assert_matches_reference,
     finish,
+    hold,
     supervise,
     supervisor_events,
     wait_for_phase,
     wait_for_step,
+    wait_until_held,
 )
 
 pytestmark = pytest.mark.multiprocess
@@ -38,14 +42,15 @@ def reference(supervised_reference: Path) -> Path:
 
 
 def test_sigterm_to_supervisor_saves_and_requeues(reference: Path, tmp_path: Path) -> None:
-    proc = supervise(tmp_path)
-    wait_for_step(tmp_path, 0, 7)
+    proc = supervise(tmp_path, HOLD_OVERRIDE, faults=hold())
+    wait_until_held(tmp_path)
     proc.send_signal(signal.SIGTERM)
     assert finish(proc) == 75, finish.last_output  # type: ignore[attr-defined]
     assert [e["signal"] for e in supervisor_events(tmp_path, "supervisor_signal")] == ["SIGTERM"]
     stop = events(tmp_path, "signal_received")[-1]
     # Rank 0 may learn of the stop from the agreement before its own SIGTERM is noted ("peer").
     assert (stop["signal"] in ("SIGTERM", "peer"), stop["stop_reason"]) == (True, "preempted"), stop
+    assert stop["stop_step"] == HOLD_STEP, stop  # the first step boundary after the signal
     saved = {e["step"] for e in events(tmp_path, "checkpoint_commit")}
     assert stop["stop_step"] in saved, "the emergency checkpoint was not committed"
     assert supervisor_events(tmp_path, "supervisor_end")[-1]["outcome"] == "requeue"
@@ -56,21 +61,21 @@ def test_sigterm_to_supervisor_saves_and_requeues(reference: Path, tmp_path: Pat
 
 
 def test_signal_on_one_rank_is_agreed_and_restarted_locally(reference: Path, tmp_path: Path) -> None:
-    proc = supervise(tmp_path)
-    pid = wait_for_step(tmp_path, 1, 7)
+    proc = supervise(tmp_path, HOLD_OVERRIDE, faults=hold(rank=1))
+    pid = wait_until_held(tmp_path, rank=1)
     os.kill(pid, signal.SIGUSR1)
     assert finish(proc) == 0, finish.last_output  # type: ignore[attr-defined]
     stop = events(tmp_path, "signal_received")[0]
     # Rank 0 never got the signal itself: it stopped because the ranks agreed.
-    assert stop["signal"] == "peer"
+    assert stop["signal"] == "peer" and stop["stop_step"] == HOLD_STEP, stop
     assert supervisor_events(tmp_path, "restart")[0]["after"] == "requeue"
     assert events(tmp_path, "checkpoint_restore")[0]["step"] == stop["stop_step"]
     assert_matches_reference(tmp_path, reference)
 
 
 def test_sigkill_of_a_rank_is_detected_within_seconds(reference: Path, tmp_path: Path) -> None:
-    proc = supervise(tmp_path)
-    pid = wait_for_step(tmp_path, 1, 7)
+    proc = supervise(tmp_path, HOLD_OVERRIDE, faults=hold(rank=1))
+    pid = wait_until_held(tmp_path, rank=1)
     killed_at = time.time()
     os.kill(pid, signal.SIGKILL)
     assert finish(proc) == 0, finish.last_output  # type: ignore[attr-defined]
@@ -82,8 +87,8 @@ def test_sigkill_of_a_rank_is_detected_within_seconds(reference: Path, tmp_path:
 
 
 def test_sigstop_hang_is_detected_by_the_heartbeat(reference: Path, tmp_path: Path) -> None:
-    proc = supervise(tmp_path)
-    pid = wait_for_step(tmp_path, 1, 7)
+    proc = supervise(tmp_path, HOLD_OVERRIDE, faults=hold(rank=1))
+    pid = wait_until_held(tmp_path, rank=1)
     stopped_at = time.time()
     os.kill(pid, signal.SIGSTOP)
     assert finish(proc) == 0, finish.last_output  # type: ignore[attr-defined]
