@@ -15,7 +15,7 @@ import pytest
 
 from truestep.config.load import load_config
 from truestep.core.errors import ExitCode, Outcome
-from truestep.resilience.peers import NodeLoss
+from truestep.resilience.node_loss import NodeLoss
 from truestep.resilience.supervisor import LaunchSpec, Supervisor, run_supervisor
 from truestep.resilience.watch import AttemptEnd, Failure, rank_exits
 from truestep.telemetry.jsonl import read_jsonl

@@ -28,7 +28,8 @@ from truestep.resilience.lease import (
     check_fence,
 )
 from truestep.resilience.link_auth import new_key, read_key, remove_key, write_key
-from truestep.resilience.peers import Hub, Member, NodeLoss, make_link
+from truestep.resilience.node_loss import NodeLoss
+from truestep.resilience.peers import Hub, Member, make_link
 from truestep.resilience.watch import Failure
 
 

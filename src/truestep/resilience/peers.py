@@ -27,16 +27,16 @@ and a JSON object. Standard library only.
 
 from __future__ import annotations
 
-import contextlib
 import socket
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from truestep.core.errors import ExitCode, NodeLostError, Outcome, UsageError
 from truestep.resilience.link_auth import Channel, LinkAuthError, hello_line, new_nonce, read_challenge
+from truestep.resilience.link_conn import IO_TIMEOUT_S, Conn, read_line
 from truestep.resilience.link_gate import HELLO_LIMIT, Gate
 from truestep.resilience.link_messages import (
     HOST_LIMIT,
@@ -47,126 +47,17 @@ from truestep.resilience.link_messages import (
     check_bye,
     hello_problem,
 )
+from truestep.resilience.node_loss import NodeLoss
 
-IO_TIMEOUT_S = 1.0
-"""Socket operations never block a supervisor longer than this (a partitioned peer does not answer)."""
-MAX_LINE = 65536
 KeySource = Callable[[], bytes | None]
 """Where a member gets this launch's key (None: node 0 has not published it yet)."""
-
-
-@dataclass
-class NodeLoss:
-    node: int
-    host: str
-    how: str
-    """closed (connection ended without a goodbye), silent (no beat for node_timeout_s), left (goodbye
-    with an exit code), never_joined, unreachable (node 0 could not be reached), rejected."""
-    detail: str
-    at: float = field(default_factory=time.time)
-    """Wall clock when this supervisor learned of it."""
-    code: int | None = None
-    """The exit code the node left with (how == left)."""
-    via: int | None = None
-    """The node that reported it, when it was not seen directly (the hub passes losses on)."""
-
-    def exit_code(self, requeue_code: int = ExitCode.REQUEUE) -> int:
-        """What a survivor exits with: the code a departed node ended with when that says what to do
-        (a refusal, a fence or a refusing filesystem a requeue cannot fix, an interrupt, a preemption
-        with the job's `requeue_code`), else 77: requeue me."""
-        if self.code is None:
-            return ExitCode.NODE_LOST
-        outcome = Outcome.of(self.code, requeue_code)
-        follow = not outcome.retryable or outcome in (Outcome.REQUEUE, Outcome.INTERRUPTED)
-        return self.code if follow else ExitCode.NODE_LOST
-
-    def describe(self) -> str:
-        via = f" (reported by node {self.via})" if self.via is not None else ""
-        what = self.detail if self.how == "left" else f"lost: {self.how}: {self.detail}"
-        return f"node {self.node} ({self.host or 'unknown host'}) {what}{via}"
-
-    def to_event(self) -> dict[str, Any]:
-        return {
-            "lost_node": self.node,
-            "lost_host": self.host,
-            "how": self.how,
-            "detail": self.detail,
-            "lost_exit_code": self.code,
-            "reported_by": self.via,
-        }
-
-
-class _Conn:
-    """One authenticated peer connection: sealed lines (resilience/link_auth.py), the time of the last
-    message, thread-safe sends."""
-
-    def __init__(self, sock: socket.socket, channel: Channel, buffer: bytes = b"") -> None:
-        sock.setblocking(True)
-        sock.settimeout(IO_TIMEOUT_S)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.sock = sock
-        self.channel = channel
-        self.buffer = buffer
-        self.send_lock = threading.Lock()
-        self.last_seen = time.monotonic()
-        self.closed = False
-
-    def send(self, message: dict[str, Any]) -> bool:
-        with self.send_lock:
-            if self.closed:
-                return False
-            try:
-                self.sock.sendall(self.channel.seal(message))
-                return True
-            except OSError:  # timeout (a partitioned peer's window is full) or reset: judged by silence/EOF
-                return False
-
-    def receive(self, deadline: float | None = None) -> dict[str, Any] | None:
-        """The next message; None when the connection ended (EOF, reset) or, with a (monotonic)
-        `deadline`, when none came by then. LinkAuthError when it is not authenticated or not JSON."""
-        line, self.buffer = _read_line(self.sock, self.buffer, MAX_LINE, deadline)
-        if line is None:
-            return None
-        message = self.channel.open(line)
-        self.last_seen = time.monotonic()
-        return message
-
-    def close(self) -> None:
-        with self.send_lock:
-            self.closed = True
-        with contextlib.suppress(OSError):  # ENOTCONN: the peer is already gone, which is fine here
-            self.sock.shutdown(socket.SHUT_RDWR)
-        self.sock.close()
-
-
-def _read_line(
-    sock: socket.socket, buffer: bytes, limit: int, deadline: float | None
-) -> tuple[bytes | None, bytes]:
-    """(the next line without its end, what follows it); (None, buffer) at EOF, on a reset or past the
-    (monotonic) deadline. LinkAuthError when more than `limit` bytes come without a line end."""
-    while b"\n" not in buffer:
-        try:
-            chunk = sock.recv(4096)
-        except TimeoutError:
-            if deadline is not None and time.monotonic() > deadline:
-                return None, buffer
-            continue
-        except OSError:
-            return None, buffer
-        if not chunk:
-            return None, buffer
-        buffer += chunk
-        if len(buffer) > limit:
-            raise LinkAuthError(f"a line longer than {limit} bytes")
-    line, rest = buffer.split(b"\n", 1)
-    return line, rest
 
 
 @dataclass
 class _Peer:
     node: int
     host: str = ""
-    conn: _Conn | None = None
+    conn: Conn | None = None
     joined: bool = False
     gone: NodeLoss | None = None
     """Set once: how this peer left (a goodbye is recorded here too, with how == left)."""
@@ -296,7 +187,7 @@ class PeerLink:
             for conn in conns:
                 conn.send({"type": "beat", "node": self.node, "time": time.time()})
 
-    def _read_forever(self, peer: _Peer, conn: _Conn) -> None:
+    def _read_forever(self, peer: _Peer, conn: Conn) -> None:
         """Record beats and goodbyes until the connection ends; an end without goodbye is a loss, and so
         is a message that is not authenticated or not well-formed (a bug or a tampered stream)."""
         how, detail = "closed", "connection closed without a goodbye: its supervisor died"
@@ -386,7 +277,7 @@ class Hub(PeerLink):
 
     def _admit(self, sock: socket.socket, hello: dict[str, Any], channel: Channel, rest: bytes) -> None:
         """A hello that proved the key: join its node, or refuse it (sealed, so the member can trust it)."""
-        conn = _Conn(sock, channel, rest)
+        conn = Conn(sock, channel, rest)
         problem = hello_problem(hello, self.job, self.generation, self.nnodes)
         peer = None
         if problem is None:
@@ -459,13 +350,13 @@ class Member(PeerLink):
         self._start_thread(self._read_forever, hub, conn)
         self._start_thread(self._beat_forever)
 
-    def _hello(self, addr: str, port: int, key: bytes) -> tuple[_Conn, dict[str, Any]] | None:
+    def _hello(self, addr: str, port: int, key: bytes) -> tuple[Conn, dict[str, Any]] | None:
         """One handshake: the authenticated connection and node 0's sealed answer, or None when node 0
         closed it or did not answer in time. LinkAuthError when the answer does not prove the key."""
         sock = socket.create_connection((addr, port), timeout=IO_TIMEOUT_S)
         answer_by = time.monotonic() + self.timeout_s
         try:
-            line, rest = _read_line(sock, b"", HELLO_LIMIT, answer_by)
+            line, rest = read_line(sock, b"", HELLO_LIMIT, answer_by)
             if line is None:
                 sock.close()
                 return None
@@ -473,7 +364,7 @@ class Member(PeerLink):
             hello = {"type": "hello", "node": self.node, "nnodes": self.nnodes, "job": self.job,
                      "generation": self.generation, "host": self.host, "nonce": nonce}  # fmt: skip
             sock.sendall(hello_line(key, challenge, hello))
-            conn = _Conn(sock, Channel(key, challenge, nonce, is_hub=False), rest)
+            conn = Conn(sock, Channel(key, challenge, nonce, is_hub=False), rest)
             message = conn.receive(deadline=answer_by)
         except BaseException:
             sock.close()

@@ -25,7 +25,7 @@ from truestep.core.errors import Outcome
 from truestep.core.names import heartbeat_path
 from truestep.core.status import Phase
 from truestep.resilience.heartbeat import read_heartbeat
-from truestep.resilience.peers import NodeLoss
+from truestep.resilience.node_loss import NodeLoss
 
 
 @dataclass
