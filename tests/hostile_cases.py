@@ -19,8 +19,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from truestep.checkpoint.catalog import MANIFEST, MARKER, step_dir_name, step_of
+import pytest
+
+from ckpt_cases import ckpt
+from truestep.checkpoint.catalog import MANIFEST, MARKER, QUARANTINE, step_dir_name, step_of
+from truestep.checkpoint.integrity import verification_problem
+from truestep.checkpoint.resolver import CheckpointNotFound, find_verified, pick_resume
 from truestep.checkpoint.safe_dcp import safe_load_metadata
+from truestep.cli.ckpt import ckpt_main
+from truestep.config.schema import CheckpointConfig
+from truestep.telemetry.run_logs import RunLogs
 
 SHARD = "__0_0.distcp"
 METADATA = ".metadata"
@@ -128,3 +136,43 @@ def one_line(stderr: str) -> str:
 def mkfifo(path: Path) -> Path:
     os.mkfifo(path)
     return path
+
+
+def crafted_root(reference: Path, tmp_path: Path) -> Path:
+    """A checkpoint root holding copies of the reference's steps 3 and 6 (6 is the one to craft)."""
+    root = tmp_path / "checkpoints"
+    for step in (3, 6):
+        copy_step(ckpt(reference, step), root)
+    return root
+
+
+def six(root: Path) -> Path:
+    return root / step_dir_name(6)
+
+
+def judged_everywhere(root: Path, why: str) -> None:
+    """Step 6 fails verification with `why` everywhere it is looked at, and resume falls back to 3."""
+    d = six(root)
+    problem = within(30, lambda: verification_problem(d, checksums=True))
+    assert problem is not None and why in problem, problem
+    with pytest.raises(CheckpointNotFound, match="does not verify"):
+        find_verified(d, checksums=True)
+    rc, out, err = within(30, lambda: run_cli(ckpt_main, "verify", d))
+    assert rc == 1 and why in one_line(err), err
+    for action in ("inspect", "list"):
+        rc, out, err = within(
+            30, lambda action=action: run_cli(ckpt_main, action, d if action == "inspect" else root)
+        )
+        assert rc == 0 and err == "", err
+    logs = RunLogs(root.parent, attempt=0, enabled=True)
+    try:
+        assert within(30, lambda: pick_resume(root, CheckpointConfig(), logs)) == 3
+    finally:
+        logs.close()
+    (moved,) = (root / QUARANTINE).iterdir()
+    assert moved.name.startswith("step_00000006.")
+
+
+def tensor_entry(metadata: Any, fqn: str = "model.tok_embeddings.weight") -> Any:
+    """The DCP metadata entry of one tensor (to craft its declared properties or chunks)."""
+    return metadata.state_dict_metadata[fqn]
