@@ -14,18 +14,12 @@ from __future__ import annotations
 import random
 from dataclasses import asdict, dataclass
 
+from truestep.faults.spec import SAVE_PHASES
+
 CLASSES = ("rank_kill", "rank_stop", "rank_sigterm", "preemption", "save", "restore")
 """What the supervisor survives: a rank SIGKILLed, SIGSTOPped (a hang), SIGTERMed alone; the whole job
 preempted (SIGTERM to the supervisor, exit 75, relaunched like a requeue); a SIGKILL inside the commit
 protocol of a save; a SIGKILL while a restarted rank restores."""
-SAVE_PHASES = (
-    "before-shards",
-    "mid-shards",
-    "after-shards",
-    "before-manifest",
-    "before-marker",
-    "after-marker",
-)
 COMMIT_PHASES = ("before-manifest", "before-marker", "after-marker")
 """Phases only rank 0 reaches (it commits): a save fault there is armed on rank 0."""
 

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib.util
 import io
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -55,6 +57,21 @@ def truestep_model(ckpt_dir: Path) -> Transformer:
     facts = load_init_weights(model, ckpt_dir)
     assert facts["config_differences"] == []
     return model.eval()
+
+
+def assert_scaled_rope_matches(step_dir: Path, hf_model: Any, toks: torch.Tensor, past: int) -> None:
+    """The imported model's logits equal transformers' (fp32), and the RoPE scaling is what makes them
+    equal: the same weights without it give another function from position `past` on."""
+    cfg = read_model_config(step_dir)
+    with torch.no_grad():
+        theirs = hf_model(toks).logits
+        ours = truestep_model(step_dir)(toks)
+    torch.testing.assert_close(ours, theirs, atol=2e-5, rtol=0)
+    plain = Transformer(dataclasses.replace(cfg, rope_scaling="none", rope_scaling_factor=8.0))
+    plain.load_state_dict(truestep_model(step_dir).state_dict())
+    with torch.no_grad():
+        unscaled = plain.eval()(toks)
+    assert (unscaled[:, past:] - theirs[:, past:]).abs().max() > 1e-2
 
 
 def hf_logits(hf_dir: Path, toks: torch.Tensor) -> torch.Tensor:

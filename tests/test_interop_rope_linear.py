@@ -4,7 +4,6 @@ as the same scaling; the llama3-only keys are refused with it."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import re
 from pathlib import Path
@@ -12,12 +11,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from interop_cases import cli, truestep_model
+from interop_cases import assert_scaled_rope_matches, cli
 from truestep.checkpoint.catalog import step_dir_name
 from truestep.checkpoint.weights import read_model_config
 from truestep.config import load_config
 from truestep.config.errors import ConfigError
-from truestep.model.llama import Transformer
 
 pytestmark = pytest.mark.usefixtures("offline")
 
@@ -55,15 +53,7 @@ def test_linear_scaling_imports_with_transformers_logits(imported) -> None:
     cfg = read_model_config(step_dir)
     assert (cfg.rope_scaling, cfg.rope_scaling_factor) == ("linear", FACTOR)
     toks = torch.randint(0, cfg.vocab_size, (2, SEQ), generator=torch.Generator().manual_seed(3))
-    with torch.no_grad():
-        theirs = hf_model(toks).logits
-        ours = truestep_model(step_dir)(toks)
-    torch.testing.assert_close(ours, theirs, atol=2e-5, rtol=0)
-    plain = Transformer(dataclasses.replace(cfg, rope_scaling="none", rope_scaling_factor=8.0))
-    plain.load_state_dict(truestep_model(step_dir).state_dict())
-    with torch.no_grad():
-        unscaled = plain.eval()(toks)
-    assert (unscaled[:, 1:] - theirs[:, 1:]).abs().max() > 1e-2  # the scaling is what makes them equal
+    assert_scaled_rope_matches(step_dir, hf_model, toks, past=1)
 
 
 def test_linear_scaling_exports_as_linear(imported, tmp_path: Path) -> None:
