@@ -51,6 +51,8 @@ def test_seq_len_exceeds_max_seq_len():
         ("--train.emulate_nondeterminism=-1e-3", "train.emulate_nondeterminism must be a relative scale"),
         ("--train.emulate_nondeterminism=nan", "train.emulate_nondeterminism=nan must be a finite number"),
         ("--train.emulate_restore_error=0.5", "train.emulate_restore_error must be a relative scale"),
+        ("--resilience.hang_step_multiple=-1", "resilience.hang_step_multiple=-1.0 must be a finite number"),
+        ("--resilience.hang_step_multiple=inf", "resilience.hang_step_multiple=inf must be a finite number"),
     ],
 )
 def test_world_independent_rules(override, message):
@@ -189,6 +191,7 @@ def test_fingerprint_changes_with_trajectory_keys(override):
         "--train.stop_at_step=5",
         "--metrics.log_every=10",
         "--train.emulate_restore_error=1e-3",
+        "--resilience.hang_step_multiple=0",
     ],
 )
 def test_fingerprint_ignores_layout_and_bookkeeping(override):

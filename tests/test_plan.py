@@ -336,7 +336,20 @@ def test_costs_are_fitted_from_the_analysis_of_a_run(tmp_path: Path) -> None:
     for key, value in want.items():
         assert m.values[key] == pytest.approx(value), key
     assert m.samples["costs.detect_hang_s"] == 0  # no hang: from the config, and said so
-    assert m.values["costs.detect_hang_s"] == load_config("demo").resilience.hang_timeout_s
+    demo = load_config("demo").resilience  # the run's longest step is 1 s
+    assert m.values["costs.detect_hang_s"] == max(demo.hang_timeout_s, demo.hang_step_multiple * 1.0)
+
+
+@pytest.mark.parametrize(("multiple", "detect"), [("0", 5.0), ("8", 8.0)])
+def test_without_a_hang_detection_is_the_runs_hang_rule(tmp_path: Path, multiple: str, detect: float) -> None:
+    """max(hang_timeout_s = 5, hang_step_multiple x the longest step, 1 s): the rule the supervisor
+    applies (resilience/watch.py)."""
+    hand_made_run(tmp_path / "run")
+    config = load_config("demo", [f"--resilience.hang_step_multiple={multiple}"])
+    (tmp_path / "run" / "config.toml").write_text(to_toml(config))
+    m = measure(tmp_path / "run")
+    assert (m.values["costs.detect_hang_s"], m.samples["costs.detect_hang_s"]) == (detect, 0)
+    assert any("hang_step_multiple x its longest step" in note for note in m.notes), m.notes
 
 
 def test_assembled_inputs_say_what_was_measured_and_what_extrapolated(tmp_path: Path) -> None:

@@ -187,6 +187,11 @@ def validate(cfg: JobConfig) -> None:
         f"forced exit) one of truestep's other exit codes {sorted(RESERVED_EXIT_CODES)} (docs/resilience.md)",
     )
     _require(
+        math.isfinite(r.hang_step_multiple) and r.hang_step_multiple >= 0,
+        f"resilience.hang_step_multiple={r.hang_step_multiple} must be a finite number >= 0 (0 = "
+        "resilience.hang_timeout_s alone)",
+    )
+    _require(
         r.exit_deadline_s > 0 and r.scheduler_lead_time_s > 0,
         "resilience.exit_deadline_s and resilience.scheduler_lead_time_s must be positive",
     )

@@ -183,9 +183,16 @@ def measure(path: Path) -> Measured:
     if not config.resilience.warm_standby:
         m.notes.append("the runs had no warm standby: startup_warm_s is a cold restart in place")
     if "costs.detect_hang_s" not in m.values:
-        m.values["costs.detect_hang_s"] = config.resilience.hang_timeout_s
+        r = config.resilience
+        longest = max(
+            (line["step_time"] for _, run in runs for line in run.final_steps.values()), default=0.0
+        )
+        m.values["costs.detect_hang_s"] = max(r.hang_timeout_s, r.hang_step_multiple * longest)
         m.samples["costs.detect_hang_s"] = 0
-        m.notes.append("no hang was injected: hang detection is the run's resilience.hang_timeout_s")
+        m.notes.append(
+            "no hang was injected: hang detection is the run's max(resilience.hang_timeout_s, "
+            "hang_step_multiple x its longest step)"
+        )
     _other(m, runs)
     _sizes(m, runs)
     _corrupts(m, cells)

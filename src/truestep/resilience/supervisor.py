@@ -131,6 +131,8 @@ class Supervisor:
         self.interrupts = 0
         self.lost_lease: FencedError | None = None
         self.attempt = -1
+        self.longest_step_s = 0.0
+        """The longest training step this launch has timed (resilience.hang_step_multiple)."""
         self.outcome = "error"
         """How the supervisor ended (supervisor_end's outcome), told to the other nodes."""
         self.job_start = spec.launch.job_start or time.time()
@@ -193,7 +195,7 @@ class Supervisor:
 
     def _watch(self, ranks: list[Rank]) -> AttemptEnd:
         forwarded = interrupts_forwarded = 0
-        watch = AttemptWatch(self.run_dir, ranks, self.cfg.resilience)
+        watch = AttemptWatch(self.run_dir, ranks, self.cfg.resilience, self.longest_step_s)
         while True:
             try:
                 elsewhere = self.nodes.check(self.attempt)  # another node gone, or node 0 restarted
@@ -225,6 +227,7 @@ class Supervisor:
                 return end
             if self.cfg.resilience.heartbeat:
                 failure = watch.check()
+                self.longest_step_s = watch.longest_step_s  # a restart's attempt keeps what was timed
                 if failure is not None:
                     failure.exit_codes = codes
                     return AttemptEnd(Outcome.FAILED, failure)

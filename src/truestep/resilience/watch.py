@@ -5,7 +5,8 @@ A rank is judged by its process and its heartbeat file:
 - it wrote no heartbeat within `startup_timeout_s` of being spawned (stopped or stuck while importing
   or meeting its peers) -> `startup_timeout`;
 - its heartbeat is older than `liveness_timeout_s` (stopped, or the whole process hung) -> `stale_heartbeat`;
-- it trained but its step did not advance for `hang_timeout_s` while every rank trained -> `no_progress`;
+- it trained but its step did not advance for `hang_allowance()` (hang_timeout_s, or more once steps have
+  been timed: resilience.hang_step_multiple) while every rank trained -> `no_progress`;
 - it has been shutting down for longer than the collective timeout allows -> `stuck_in_shutdown`.
 How the attempt ends when its ranks exit is `rank_exits` (with the one classification of exit codes,
 `core.errors.Outcome`). A heartbeat file written by another process (a stale attempt's rank that has not yet seen it is fenced,
@@ -56,13 +57,22 @@ class Rank:
 class AttemptWatch:
     """The health rules for one attempt; `check` is called every poll."""
 
-    def __init__(self, run_dir: Path, ranks: list[Rank], cfg: ResilienceConfig) -> None:
+    def __init__(
+        self, run_dir: Path, ranks: list[Rank], cfg: ResilienceConfig, longest_step_s: float = 0.0
+    ) -> None:
         self.run_dir = run_dir
         self.ranks = ranks
         self.cfg = cfg
+        self.longest_step_s = longest_step_s
+        """The longest training step timed so far (this launch's earlier attempts included), as seen from
+        here: from the poll that first saw a step to the poll that saw the next, while every rank trained."""
         self.progress: dict[int, tuple[int, str, float]] = {}
         self.own_beats: dict[int, dict] = {}
         """rank -> the last heartbeat this attempt's own process wrote (the file may hold a stranger's)."""
+
+    def hang_allowance(self) -> float:
+        """How long a training step may take before it is declared hung."""
+        return max(self.cfg.hang_timeout_s, self.cfg.hang_step_multiple * self.longest_step_s)
 
     def check(self) -> Failure | None:
         """Liveness for every phase; progress only while every rank trains; a bound on shutdown.
@@ -103,10 +113,20 @@ class AttemptWatch:
             if (beat["step"], beat["phase"]) != (step, phase) or (
                 phase == Phase.TRAIN and not everyone_training
             ):
+                if (phase, beat["phase"]) == (Phase.TRAIN, Phase.TRAIN) and everyone_training:
+                    # A step completed while every rank trained: the time it took counts (only a step
+                    # that completed can lengthen the allowance, never the one still running).
+                    self.longest_step_s = max(self.longest_step_s, now - since)
                 step, phase, since = beat["step"], beat["phase"], now
             self.progress[rank] = (step, phase, since)
-            if phase == Phase.TRAIN and now - since > r.hang_timeout_s:
-                return Failure("no_progress", rank, f"step {step} has not advanced for {now - since:.1f}s")
+            allowance = self.hang_allowance()
+            if phase == Phase.TRAIN and now - since > allowance:
+                return Failure(
+                    "no_progress",
+                    rank,
+                    f"step {step} has not advanced for {now - since:.1f}s (allowed {allowance:.1f}s: "
+                    f"{_allowance_rule(r, self.longest_step_s)})",
+                )
             if phase == Phase.SHUTDOWN and now - since > r.collective_timeout_s + 30.0:
                 return Failure("stuck_in_shutdown", rank, f"still shutting down after {now - since:.1f}s")
         return None
@@ -153,3 +173,10 @@ def rank_exits(codes: dict[int, int | None], requeue_code: int) -> AttemptEnd | 
     if any(o == Outcome.INTERRUPTED for o in ended.values()):
         return AttemptEnd(Outcome.INTERRUPTED)
     return AttemptEnd(Outcome.REQUEUE)
+
+
+def _allowance_rule(r: ResilienceConfig, longest_step_s: float) -> str:
+    scaled = r.hang_step_multiple * longest_step_s
+    if scaled > r.hang_timeout_s:
+        return f"resilience.hang_step_multiple={r.hang_step_multiple:g} x the longest step, {longest_step_s:.1f}s"
+    return f"resilience.hang_timeout_s={r.hang_timeout_s:g}"
