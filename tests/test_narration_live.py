@@ -83,7 +83,15 @@ def test_ctrl_c_is_narrated_saved_then_exit_130(tmp_path: Path) -> None:
 def test_a_corrupted_checkpoint_is_narrated_quarantined_then_fallen_back_past(tmp_path: Path) -> None:
     """`corrupt` flips a byte in the newest committed checkpoint, then kills rank 0: the restart's
     verification quarantines it and resumes from an older one, and says both."""
-    cmd = launch_cmd(tmp_path, "--train.max_steps=20", "--checkpoint.interval=5", restarts=1)
+    # Synchronous saves: step 10 is committed before step 11, so the fault at 14 damages step 10 whatever
+    # this machine's speed (async, a write still running at 14 would leave 10 torn and 5 damaged).
+    cmd = launch_cmd(
+        tmp_path,
+        "--train.max_steps=20",
+        "--checkpoint.interval=5",
+        "--checkpoint.async_save=false",
+        restarts=1,
+    )
     cmd.append("--allow-env-faults")  # the fault is armed through the environment on purpose
     env = truestep_env({"TRUESTEP_FAULTS": "corrupt:step=14"})
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)

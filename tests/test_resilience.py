@@ -110,6 +110,24 @@ def test_kill_during_commit_resumes_from_the_previous_complete_checkpoint(
     assert_matches_reference(tmp_path, reference)
 
 
+def test_corrupt_waits_for_a_commit_under_way(reference: Path, tmp_path: Path) -> None:
+    """`corrupt` damages the checkpoint a restart would resume from, also while rank 0's background
+    commit is under way: rank 0 pauses before step 12 so step 10's async write is done at the step-12
+    boundary, its commit is held 1.5 s before the marker, and the fault fires as step 13 starts. It
+    waits for that commit and damages step 10, which the restart quarantines, resuming from step 5. It
+    once picked step 5 while step 10's marker was being written: nothing was quarantined (CI); here that
+    would also strand the job (step 10 torn by the kill, step 5 damaged)."""
+    faults = (
+        "sleep:at=train:step:step=12:rank=0:seconds=2;"
+        "sleep:at=save:before-marker:step=10:rank=0:seconds=1.5;corrupt:step=13"
+    )
+    proc = supervise(tmp_path, faults=faults)
+    assert finish(proc) == 0, finish.last_output  # type: ignore[attr-defined]
+    assert [q["step"] for q in events(tmp_path, "checkpoint_quarantined")] == [10]
+    assert events(tmp_path, "checkpoint_restore")[0]["step"] == 5
+    assert_matches_reference(tmp_path, reference)
+
+
 def test_slow_checkpoint_and_slow_first_step_are_not_hangs(reference: Path, tmp_path: Path) -> None:
     slow = HANG + 2
     faults = (

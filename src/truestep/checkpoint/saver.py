@@ -176,6 +176,13 @@ class Checkpointer:
         if done:
             self._finish(background=True)
 
+    def join_commit(self) -> None:
+        """Rank-local, no collective: let a background commit already under way finish (a save still being
+        written stays pending). For what must see the commits this process has started, e.g. the
+        `corrupt` fault's "newest committed checkpoint", which otherwise raced the commit thread."""
+        if self._committer is not None:
+            self._committer.join()
+
     def wait(self) -> None:
         """Block until the pending save is written and committed (and any background commit is done)."""
         if self.pending is not None:

@@ -7,6 +7,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -60,7 +61,7 @@ class CheckpointHook(Hook):
             self.attempt,
             self.run_id,
         )
-        set_fault_context(newest_committed=lambda: next(iter(committed_dirs(root)), None))
+        set_fault_context(newest_committed=partial(self._newest_committed, root))
         with _phase(trainer, Phase.RESTORE):
             ckpt_dir = self._resume(trainer, root)
             if ckpt_dir is None and cfg.init_from:
@@ -76,6 +77,12 @@ class CheckpointHook(Hook):
                         file=sys.stderr,
                         flush=True,
                     )
+
+    def _newest_committed(self, root: Path) -> Path | None:
+        """The checkpoint a restart would resume from, once a commit this rank has under way is done."""
+        assert self.checkpointer is not None
+        self.checkpointer.join_commit()
+        return next(iter(committed_dirs(root)), None)
 
     def _resume(self, trainer: Trainer, root: Path) -> Path | None:
         """Collective. Resolve and restore; a checkpoint whose bytes turn out bad while loading (it
