@@ -147,6 +147,27 @@ def test_a_stalled_training_step_is_declared_hung(tmp_path: Path) -> None:
     assert failure["kind"] == "no_progress"
 
 
+# A job whose steps outgrow hang_timeout_s (1 s here): the first step takes 2 s (warm-up, say), step 6
+# 1.5 s. With the steps' own allowance (5 x the longest reported, >= 10 s) it is not a hang; with the
+# fixed timeout alone it is.
+SLOW_STEPS = "sleep:at=train:step:step=1:seconds=2;sleep:at=train:step:step=6:seconds=1.5"
+
+
+def test_steps_longer_than_hang_timeout_are_not_hangs(reference: Path, tmp_path: Path) -> None:
+    proc = supervise(tmp_path, "--resilience.hang_timeout_s=1", restarts=0, faults=SLOW_STEPS)
+    assert finish(proc) == 0, finish.last_output  # type: ignore[attr-defined]
+    assert supervisor_events(tmp_path, "failure_detected") == []
+    assert_matches_reference(tmp_path, reference)
+
+
+def test_without_the_step_multiple_a_long_step_is_declared_hung(tmp_path: Path) -> None:
+    overrides = ("--resilience.hang_timeout_s=1", "--resilience.hang_step_multiple=0")
+    proc = supervise(tmp_path, *overrides, restarts=0, faults=SLOW_STEPS)
+    assert finish(proc) == 1, finish.last_output  # type: ignore[attr-defined]
+    failure = supervisor_events(tmp_path, "failure_detected")[0]
+    assert failure["kind"] == "no_progress" and "resilience.hang_timeout_s=1" in failure["detail"], failure
+
+
 def test_forced_exit_deadline_when_graceful_stop_stalls(tmp_path: Path) -> None:
     env = truestep_env({"TRUESTEP_FAULTS": "sleep:at=train:step:step=6:seconds=60"})
     cmd = [sys.executable, "-m", "truestep", "train", "tiny", f"--run.dir={tmp_path}", *TINY, *COMMON]

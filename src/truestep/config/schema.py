@@ -252,14 +252,14 @@ class ResilienceConfig:
     """Supervisor: a rank whose heartbeat is this stale is hung or stopped (e.g. SIGSTOP)."""
     hang_timeout_s: float = 10.0
     """Supervisor: a rank whose step has not advanced for this long while training (not while starting,
-    checkpointing or restoring) is declared hung, unless hang_step_multiple allows longer. Set it above
-    your longest step: before a step has been timed, it is the whole rule."""
+    checkpointing or restoring) is declared hung, unless hang_step_multiple allows longer. Until the
+    first step has completed (it is start-up, not judged by this rule) it is the whole rule."""
     hang_step_multiple: float = 5.0
     """Supervisor: the hang rule grows with the job's own steps: a step is hung once it has taken longer
-    than max(hang_timeout_s, hang_step_multiple x the longest training step this launch has timed), so
-    a model whose steps take longer than expected (a bigger state, a slower node) is not declared hung
-    for it. A hung step cannot lengthen its own allowance (only completed steps are timed). 0 =
-    hang_timeout_s alone."""
+    than max(hang_timeout_s, hang_step_multiple x the longest step any rank of this launch has reported
+    in its heartbeat, batch fetch included, the first step's warm-up too), so a model whose steps take
+    longer than expected (a bigger state, a slower node) is not declared hung for it. A hung step cannot
+    lengthen its own allowance (only completed steps are reported). 0 = hang_timeout_s alone."""
     collective_timeout_s: float = 60.0
     """Collective timeout once the first step is done (parallel.init_timeout_s applies before)."""
     warm_standby: bool = True

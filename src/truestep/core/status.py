@@ -37,3 +37,7 @@ class RankStatus:
 
     phase: Phase = Phase.STARTUP
     step: int = 0
+    longest_step_s: float = 0.0
+    """Seconds the longest step this process has completed took, batch fetch included (0 before the
+    first): the supervisor's hang allowance grows with it (resilience.hang_step_multiple). The longest,
+    not the last: a slow step followed by fast ones between two heartbeats must still be seen."""

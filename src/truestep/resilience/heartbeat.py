@@ -7,7 +7,8 @@ while importing or meeting its peers is caught by the supervisor's start-up dead
 Its thread also re-checks the run directory lease every few seconds: a rank whose attempt no longer owns
 the directory (an orphan, a partitioned node) exits with code FENCED instead of writing on.
 
-File: <run.dir>/heartbeats/rankNNNNN.json = {pid, rank, attempt, time, step, phase}, replaced atomically.
+File: <run.dir>/heartbeats/rankNNNNN.json = {pid, rank, attempt, time, step, phase, longest_step_s},
+replaced atomically (longest_step_s: the longest step this process has completed; optional to a reader).
 Standard library only.
 """
 
@@ -107,6 +108,7 @@ class Heartbeat:
             "time": time.time(),
             "step": self.status.step,
             "phase": str(self.status.phase),
+            "longest_step_s": self.status.longest_step_s,
         }
         atomic_write(self.path, json.dumps(record).encode(), durable=False)
 

@@ -5,8 +5,9 @@ A rank is judged by its process and its heartbeat file:
 - it wrote no heartbeat within `startup_timeout_s` of being spawned (stopped or stuck while importing
   or meeting its peers) -> `startup_timeout`;
 - its heartbeat is older than `liveness_timeout_s` (stopped, or the whole process hung) -> `stale_heartbeat`;
-- it trained but its step did not advance for `hang_allowance()` (hang_timeout_s, or more once steps have
-  been timed: resilience.hang_step_multiple) while every rank trained -> `no_progress`;
+- it trained but its step did not advance for `hang_allowance()` (hang_timeout_s, or more once a rank
+  has reported how long its steps take: resilience.hang_step_multiple) while every rank trained ->
+  `no_progress`;
 - it has been shutting down for longer than the collective timeout allows -> `stuck_in_shutdown`.
 How the attempt ends when its ranks exit is `rank_exits` (with the one classification of exit codes,
 `core.errors.Outcome`). A heartbeat file written by another process (a stale attempt's rank that has not yet seen it is fenced,
@@ -16,6 +17,7 @@ judged by its other nodes (resilience/nodes.py): `node_lost`, `attempt_supersede
 
 from __future__ import annotations
 
+import math
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -64,8 +66,8 @@ class AttemptWatch:
         self.ranks = ranks
         self.cfg = cfg
         self.longest_step_s = longest_step_s
-        """The longest training step timed so far (this launch's earlier attempts included), as seen from
-        here: from the poll that first saw a step to the poll that saw the next, while every rank trained."""
+        """The longest completed step any rank has reported in its heartbeat (`longest_step_s`: batch fetch and
+        train step, the first step's warm-up included), this launch's earlier attempts included."""
         self.progress: dict[int, tuple[int, str, float]] = {}
         self.own_beats: dict[int, dict] = {}
         """rank -> the last heartbeat this attempt's own process wrote (the file may hold a stranger's)."""
@@ -73,6 +75,12 @@ class AttemptWatch:
     def hang_allowance(self) -> float:
         """How long a training step may take before it is declared hung."""
         return max(self.cfg.hang_timeout_s, self.cfg.hang_step_multiple * self.longest_step_s)
+
+    def _note_step_time(self, step_s: object) -> None:
+        """A heartbeat's `longest_step_s` (its process's longest completed step). A heartbeat is a control file:
+        anything but a finite positive number (a string, a bool, NaN) changes nothing."""
+        if isinstance(step_s, int | float) and not isinstance(step_s, bool) and math.isfinite(step_s):
+            self.longest_step_s = max(self.longest_step_s, float(step_s))
 
     def check(self) -> Failure | None:
         """Liveness for every phase; progress only while every rank trains; a bound on shutdown.
@@ -105,6 +113,7 @@ class AttemptWatch:
                 detail = f"no heartbeat for {age:.1f}s in phase {beat.get('phase')} (stopped or hung)"
                 return Failure("stale_heartbeat", rank.rank, detail)
             beats[rank.rank] = beat
+            self._note_step_time(beat.get("longest_step_s"))
         everyone_training = len(beats) == len(self.ranks) and all(
             b["phase"] == Phase.TRAIN for b in beats.values()
         )
@@ -113,10 +122,6 @@ class AttemptWatch:
             if (beat["step"], beat["phase"]) != (step, phase) or (
                 phase == Phase.TRAIN and not everyone_training
             ):
-                if (phase, beat["phase"]) == (Phase.TRAIN, Phase.TRAIN) and everyone_training:
-                    # A step completed while every rank trained: the time it took counts (only a step
-                    # that completed can lengthen the allowance, never the one still running).
-                    self.longest_step_s = max(self.longest_step_s, now - since)
                 step, phase, since = beat["step"], beat["phase"], now
             self.progress[rank] = (step, phase, since)
             allowance = self.hang_allowance()

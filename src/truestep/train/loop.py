@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from truestep.core.status import Phase, StopReason
 from truestep.faults.hooks import fault_point
 from truestep.train.hooks.base import Hook
@@ -16,9 +18,12 @@ def train_loop(trainer: Trainer, hooks: list[Hook]) -> None:
     max_steps = trainer.cfg.train.max_steps
     stop_at = trainer.cfg.train.stop_at_step
     while trainer.state.step < max_steps and trainer.stop_reason is None:
+        began = time.perf_counter()
         fault_point("train:step", step=trainer.state.step + 1)
         microbatches = trainer.loader.next()
         result = trainer.train_step(microbatches)
+        took = time.perf_counter() - began
+        trainer.status.longest_step_s = max(trainer.status.longest_step_s, took)
         trainer.status.step = trainer.state.step
         trainer.status.phase = Phase.TRAIN  # the first step (slow: warm-up, allocation) counts as start-up
         for hook in hooks:
