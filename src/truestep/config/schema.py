@@ -299,6 +299,17 @@ class ResilienceConfig:
         """The signals that mean "preemption coming"."""
         return [signal.Signals[name] for name in self.signal_names()]
 
+    def hang_allowance(self, longest_step_s: float) -> tuple[float, str]:
+        """How long a training step may take before it is declared hung, given the longest step seen,
+        and which rule set it (for the failure's detail): the supervisor's and the planner's one rule."""
+        scaled = self.hang_step_multiple * longest_step_s
+        if scaled > self.hang_timeout_s:
+            return (
+                scaled,
+                f"resilience.hang_step_multiple={self.hang_step_multiple:g} x the longest step, {longest_step_s:.1f}s",
+            )
+        return self.hang_timeout_s, f"resilience.hang_timeout_s={self.hang_timeout_s:g}"
+
 
 @dataclass
 class MetricsConfig:

@@ -187,7 +187,7 @@ def measure(path: Path) -> Measured:
         longest = max(
             (line["step_time"] for _, run in runs for line in run.final_steps.values()), default=0.0
         )
-        m.values["costs.detect_hang_s"] = max(r.hang_timeout_s, r.hang_step_multiple * longest)
+        m.values["costs.detect_hang_s"] = r.hang_allowance(longest)[0]
         m.samples["costs.detect_hang_s"] = 0
         m.notes.append(
             "no hang was injected: hang detection is the run's max(resilience.hang_timeout_s, "

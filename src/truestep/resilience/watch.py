@@ -74,7 +74,7 @@ class AttemptWatch:
 
     def hang_allowance(self) -> float:
         """How long a training step may take before it is declared hung."""
-        return max(self.cfg.hang_timeout_s, self.cfg.hang_step_multiple * self.longest_step_s)
+        return self.cfg.hang_allowance(self.longest_step_s)[0]
 
     def _note_step_time(self, step_s: object) -> None:
         """A heartbeat's `longest_step_s` (its process's longest completed step). A heartbeat is a control file:
@@ -124,14 +124,12 @@ class AttemptWatch:
             ):
                 step, phase, since = beat["step"], beat["phase"], now
             self.progress[rank] = (step, phase, since)
-            allowance = self.hang_allowance()
+            allowance, rule = r.hang_allowance(self.longest_step_s)
             if phase == Phase.TRAIN and now - since > allowance:
-                return Failure(
-                    "no_progress",
-                    rank,
-                    f"step {step} has not advanced for {now - since:.1f}s (allowed {allowance:.1f}s: "
-                    f"{_allowance_rule(r, self.longest_step_s)})",
+                detail = (
+                    f"step {step} has not advanced for {now - since:.1f}s (allowed {allowance:.1f}s: {rule})"
                 )
+                return Failure("no_progress", rank, detail)
             if phase == Phase.SHUTDOWN and now - since > r.collective_timeout_s + 30.0:
                 return Failure("stuck_in_shutdown", rank, f"still shutting down after {now - since:.1f}s")
         return None
@@ -178,10 +176,3 @@ def rank_exits(codes: dict[int, int | None], requeue_code: int) -> AttemptEnd | 
     if any(o == Outcome.INTERRUPTED for o in ended.values()):
         return AttemptEnd(Outcome.INTERRUPTED)
     return AttemptEnd(Outcome.REQUEUE)
-
-
-def _allowance_rule(r: ResilienceConfig, longest_step_s: float) -> str:
-    scaled = r.hang_step_multiple * longest_step_s
-    if scaled > r.hang_timeout_s:
-        return f"resilience.hang_step_multiple={r.hang_step_multiple:g} x the longest step, {longest_step_s:.1f}s"
-    return f"resilience.hang_timeout_s={r.hang_timeout_s:g}"
