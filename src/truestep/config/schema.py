@@ -79,6 +79,10 @@ class ParallelConfig:
     """CPU threads per process. Part of the numerics on CPU: keep it the same across resumes."""
     init_timeout_s: float = 600.0
     """Collective timeout during start-up, restore and the first step (seconds)."""
+    meta_init: bool = True
+    """Build the model on the meta device and allocate only this rank's shards: while initializing, a
+    rank holds its shards plus one full parameter, never the whole model. The weights are bitwise those
+    of an unsharded init either way; false builds the full model on every rank first (for comparison)."""
 
 
 @dataclass

@@ -8,6 +8,7 @@ Given a `KVCache`, the forward decodes incrementally (generation); without one i
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 
 import torch
 import torch.nn.functional as F
@@ -123,25 +124,38 @@ class Transformer(nn.Module):
         self.register_buffer("rope_sin", sin, persistent=False)
 
     @torch.no_grad()
-    def init_weights(self, seed: int) -> None:
-        """Deterministic init from `seed` alone, on whatever device the parameters live.
+    def initial_values(self, seed: int) -> Iterator[tuple[nn.Parameter, torch.Tensor]]:
+        """Each parameter with its full initial value (fp32, CPU), one at a time, drawn from `seed` alone.
 
-        Call before sharding (or on a meta-built model after `to_empty`) so every layout starts from the
-        same full weights.
+        The values depend on the parameter's global shape and order only, so a sharded model (DTensor
+        parameters, built on the meta device) gets exactly the weights an unsharded one does, and no
+        more than one full parameter is ever held: parallel/parallelize.py writes each into its shards.
         """
         gen = torch.Generator(device="cpu").manual_seed(seed)
         std = self.cfg.init_std
         out_std = std / math.sqrt(2 * self.cfg.n_layers)
         for name, param in self.named_parameters():
             if name.endswith("norm.weight"):
-                param.fill_(1.0)
+                yield param, torch.ones(param.shape, dtype=torch.float32)
                 continue
             is_out_proj = name.endswith("attention.wo.weight") or name.endswith("feed_forward.w2.weight")
             values = torch.randn(param.shape, generator=gen, dtype=torch.float32)
-            param.copy_(values.mul_(out_std if is_out_proj else std))
+            yield param, values.mul_(out_std if is_out_proj else std)
+
+    @torch.no_grad()
+    def init_buffers(self) -> None:
+        """The RoPE tables, derived from the config (uninitialized after `to_empty`)."""
         cos, sin = rope_tables_for(self.cfg)
         self.rope_cos.copy_(cos)
         self.rope_sin.copy_(sin)
+
+    @torch.no_grad()
+    def init_weights(self, seed: int) -> None:
+        """Deterministic init from `seed` alone of an unsharded model (generation, tests); a sharded one
+        is initialized by parallel.parallelize.init_parameters with the same values."""
+        for param, values in self.initial_values(seed):
+            param.copy_(values)
+        self.init_buffers()
 
     def forward(self, tokens: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
         """Logits (B, S, vocab) in fp32. With `cache`, `tokens` continue the cached positions and their

@@ -3,6 +3,11 @@
 Order matters: tensor parallelism first (on the "tp" mesh dim), then FSDP2 `fully_shard` per block and
 on the root (on the "dp" dim). Without sequence parallelism, activations between blocks are replicated
 across TP ranks, so norms stay plain (FSDP-only) parameters.
+
+`build_model` builds on the meta device, shards, and only then allocates: each rank holds its shards
+plus one full parameter at a time while initializing, never the whole model (at 70B the whole model in
+fp32 is 280 GB per rank). The weights are the ones an unsharded init from the same seed gives, bit for
+bit, in every layout.
 """
 
 from __future__ import annotations
@@ -12,7 +17,7 @@ import warnings
 import torch
 from torch import nn
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
-from torch.distributed.tensor import Replicate
+from torch.distributed.tensor import DTensor, Replicate, distribute_tensor
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
 from truestep.config.schema import JobConfig
@@ -76,12 +81,46 @@ warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a v
 
 
 def parallelize(model: Transformer, ctx: DistContext, cfg: JobConfig) -> nn.Module:
-    """Apply TP then FSDP2 as the layout asks; a single process just moves the model to its device."""
-    model.to(ctx.device)
-    if not ctx.distributed:
-        return model
-    if ctx.tp > 1:
+    """Apply TP then FSDP2 as the layout asks, then put the model on its device: `to_empty` for a model
+    built on the meta device (nothing to copy; initialize it after), a copy otherwise."""
+    on_meta = any(p.is_meta for p in model.parameters())
+    if not on_meta:
+        model.to(ctx.device)
+    if ctx.distributed and ctx.tp > 1:
         apply_tp(model, ctx)
-    if ctx.dp > 1:
+    if ctx.distributed and ctx.dp > 1:
         apply_fsdp(model, ctx, cfg)
+    if on_meta:
+        model.to_empty(device=ctx.device)
     return model
+
+
+@torch.no_grad()
+def init_parameters(model: nn.Module, seed: int) -> None:
+    """Give a (possibly sharded) Transformer its initial weights from `seed`: each parameter's full value
+    is drawn on the CPU, as an unsharded init draws it, and this rank keeps its own part of it. Local
+    only (`src_data_rank=None`: every rank draws the same values, no collective)."""
+    reshard(model)  # a gathered root would take the full values into its unsharded copy only
+    transformer: Transformer = model  # type: ignore[assignment] - FSDP2 subclasses the module in place
+    for param, values in transformer.initial_values(seed):
+        values = values.to(param.device)
+        if isinstance(param, DTensor):
+            param.copy_(distribute_tensor(values, param.device_mesh, param.placements, src_data_rank=None))
+        else:
+            param.copy_(values)
+    transformer.init_buffers()
+
+
+def build_model(ctx: DistContext, cfg: JobConfig) -> nn.Module:
+    """The training model of this rank, initialized from `train.seed`. With `parallel.meta_init`
+    (default) no rank ever holds the whole model; off, every rank builds and initializes the full model
+    first and shards it after (the older path, kept for benchmarks/init_memory.py)."""
+    if not cfg.parallel.meta_init:
+        model = Transformer(cfg.model)
+        model.init_weights(cfg.train.seed)
+        return parallelize(model, ctx, cfg)
+    with torch.device("meta"):
+        model = Transformer(cfg.model)
+    sharded = parallelize(model, ctx, cfg)
+    init_parameters(sharded, cfg.train.seed)
+    return sharded

@@ -17,7 +17,6 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
     get_model_state_dict,
     get_optimizer_state_dict,
     set_model_state_dict,
@@ -40,10 +39,9 @@ from truestep.core.status import RankStatus, StopReason
 from truestep.data import build_loader
 from truestep.faults.hooks import armed as armed_faults
 from truestep.faults.hooks import poison_loss
-from truestep.model.llama import Transformer
 from truestep.parallel.dist import DistContext
 from truestep.parallel.grad_norm import clip_grad_norm
-from truestep.parallel.parallelize import parallelize
+from truestep.parallel.parallelize import build_model, init_parameters
 from truestep.telemetry.run_logs import RunLogs
 from truestep.train.emulation import GradientNoise, RestoreError
 from truestep.train.optimizer import build_optimizer, set_lr
@@ -108,9 +106,7 @@ class Trainer:
         ):
             # A fresh start from given weights: refuse a misfit before allocating the model.
             precheck_init_from(cfg.checkpoint.init_from, cfg.model)
-        model = Transformer(cfg.model)
-        model.init_weights(cfg.train.seed)
-        self.model = parallelize(model, ctx, cfg)
+        self.model = build_model(ctx, cfg)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = build_optimizer(self.model, cfg)
         micro = cfg.train.micro_batch(ctx.dp)
@@ -218,10 +214,7 @@ class Trainer:
         constructor left them. A fresh start after a restore that failed part-way must inherit nothing
         of it: a load can fail after the optimizer state was materialized for it (one zero-gradient step
         counted), after items were copied, or after everything was loaded (a restored-digest mismatch)."""
-        fresh = Transformer(self.cfg.model)
-        fresh.init_weights(self.cfg.train.seed)  # as the constructor did, before sharding
-        options = StateDictOptions(full_state_dict=True)
-        set_model_state_dict(self.model, fresh.state_dict(), options=options)
+        init_parameters(self.model, self.cfg.train.seed)  # the constructor's values, shard by shard
         self.optimizer.state.clear()  # a fresh AdamW has no state until its first step
         self.state = TrainState()
         self.loader.load_state_dict(self.initial_data_position)
