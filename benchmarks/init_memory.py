@@ -71,6 +71,7 @@ def rank(rank_id: int, world: int, init_file: str, overrides: list[str], out: st
     params = sum(p.numel() for p in model.parameters())  # global numel (DTensor shape)
     Path(out, f"rank{rank_id}.json").write_text(json.dumps({"grown": grown, "s": seconds, "params": params}))
     if world > 1:
+        dist.barrier()  # no rank tears the group down while a peer still builds (parallel.dist.leave)
         dist.destroy_process_group()
 
 

@@ -70,5 +70,9 @@ def rank_worker(rank: int, world: int, tp: int, init_file: str, overrides: list[
         after_reset = differing(model, cfg)
         facts = {"built": built, "after_reset": after_reset, "local_numel": local_numel}
         (Path(out) / f"rank{rank}.json").write_text(json.dumps(facts))
+        # As truestep's own exit does (parallel.dist.leave): a rank that tears its group down while a
+        # peer still finishes the last gather can abort that peer in gloo (CI: SIGABRT, "terminate
+        # called without an active exception").
+        dist.barrier()
     finally:
         dist.destroy_process_group()
