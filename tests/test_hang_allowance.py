@@ -3,7 +3,9 @@
 floor (hang_timeout_s) until a rank has reported a completed step's duration (`longest_step_s` in
 its heartbeat), then max(floor, multiple x the longest reported); a step still running never lengthens it.
 Only lower bounds on time are asserted (a loaded machine only makes a stall look longer). The same rule
-on real training processes: tests/test_resilience.py."""
+on real training processes: tests/test_resilience.py. Also the watch's two other time rules: a rank
+that is starting may be silent for startup_timeout_s (importing torch holds the GIL), and a pause of the
+watcher itself restarts every deadline."""
 
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ from truestep.config.schema import ResilienceConfig
 from truestep.core.names import heartbeat_path
 from truestep.core.status import Phase, RankStatus
 from truestep.resilience.heartbeat import Heartbeat, read_heartbeat
-from truestep.resilience.watch import AttemptWatch, Failure, Rank
+from truestep.resilience.watch import OBSERVER_PAUSE_S, AttemptWatch, Failure, Rank
 
 FLOOR_S = 0.3
 STEP_S = 0.2
@@ -123,3 +125,47 @@ def test_the_heartbeat_carries_the_longest_step(tmp_path: Path) -> None:
         assert read_heartbeat(heartbeat_path(tmp_path, 0))["longest_step_s"] == 1.25
     finally:
         hb.stop()
+
+
+def beat_at(run_dir: Path, rank: Rank, at: float, phase: Phase) -> None:
+    """A heartbeat written at wall clock `at` (in the past: a silent rank)."""
+    path = heartbeat_path(run_dir, rank.rank)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    record = {"pid": rank.proc.pid, "rank": 0, "attempt": 0, "time": at, "step": 0, "phase": phase}
+    path.write_text(json.dumps(record))
+
+
+@pytest.mark.parametrize(("phase", "declared"), [(Phase.STARTUP, False), (Phase.RESTORE, True)])
+def test_a_starting_rank_may_be_silent_for_the_startup_timeout(
+    tmp_path: Path, rank: Rank, phase: Phase, declared: bool
+) -> None:
+    """Silent for 2 s with liveness 1 s and startup 5 s: stale unless the rank is still starting."""
+    cfg = ResilienceConfig(liveness_timeout_s=1.0, startup_timeout_s=5.0)
+    watch = AttemptWatch(tmp_path, [rank], cfg)
+    beat_at(tmp_path, rank, time.time() - 2.0, phase)
+    failure = watch.check()
+    assert (failure is not None) == declared, failure
+    if declared:
+        assert failure.kind == "stale_heartbeat" and "resilience.liveness_timeout_s=1" in failure.detail
+    beat_at(tmp_path, rank, time.time() - 6.0, Phase.STARTUP)
+    failure = watch.check()
+    assert failure is not None and failure.kind == "stale_heartbeat", failure
+    assert "resilience.startup_timeout_s=5 while starting" in failure.detail, failure.detail
+
+
+def test_a_pause_of_the_watcher_restarts_every_deadline(tmp_path: Path, rank: Rank) -> None:
+    """The watcher sleeps through 2 x OBSERVER_PAUSE_S (a frozen machine) while the rank's last beat
+    ages past the liveness timeout: the rank is given a full window from the end of the pause, then
+    declared stale if it stays silent."""
+    liveness = OBSERVER_PAUSE_S
+    watch = AttemptWatch(tmp_path, [rank], ResilienceConfig(liveness_timeout_s=liveness))
+    beat_at(tmp_path, rank, time.time(), Phase.TRAIN)
+    assert watch.check() is None and watch.paused_s is None
+    time.sleep(2 * OBSERVER_PAUSE_S)  # the beat is now older than the liveness timeout
+    assert watch.check() is None, "the watcher's own pause was counted against the rank"
+    assert watch.paused_s is not None and watch.paused_s >= 2 * OBSERVER_PAUSE_S
+    resumed = time.time()
+    while (failure := watch.check()) is None:
+        assert time.time() - resumed < 30, "a silent rank was never declared"
+        time.sleep(0.05)
+    assert failure.kind == "stale_heartbeat" and time.time() - resumed >= liveness

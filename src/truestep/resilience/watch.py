@@ -5,10 +5,15 @@ A rank is judged by its process and its heartbeat file:
 - it wrote no heartbeat within `startup_timeout_s` of being spawned (stopped or stuck while importing
   or meeting its peers) -> `startup_timeout`;
 - its heartbeat is older than `liveness_timeout_s` (stopped, or the whole process hung) -> `stale_heartbeat`;
+  while it starts, `startup_timeout_s` if longer: loading torch's native libraries holds the GIL, so the
+  heartbeat thread cannot beat (gaps of 1.5 s measured on a loaded 2-core machine);
 - it trained but its step did not advance for `hang_allowance()` (hang_timeout_s, or more once a rank
   has reported how long its steps take: resilience.hang_step_multiple) while every rank trained ->
   `no_progress`;
 - it has been shutting down for longer than the collective timeout allows -> `stuck_in_shutdown`.
+Time the watcher itself did not run (a check more than OBSERVER_PAUSE_S after the previous one: the machine
+froze or was overloaded, the VM was descheduled) is not evidence against a rank: every deadline counts
+from the end of such a pause, and the pause is reported (`paused_s`).
 How the attempt ends when its ranks exit is `rank_exits` (with the one classification of exit codes,
 `core.errors.Outcome`). A heartbeat file written by another process (a stale attempt's rank that has not yet seen it is fenced,
 in the shared run directory) is not this rank's: its own last beat counts. A multi-node job is also
@@ -29,6 +34,9 @@ from truestep.core.names import heartbeat_path
 from truestep.core.status import Phase
 from truestep.resilience.heartbeat import read_heartbeat
 from truestep.resilience.node_loss import NodeLoss
+
+OBSERVER_PAUSE_S = 1.0
+"""A gap between two checks longer than this (ten polls) means the watcher was not running."""
 
 
 @dataclass
@@ -71,6 +79,11 @@ class AttemptWatch:
         self.progress: dict[int, tuple[int, str, float]] = {}
         self.own_beats: dict[int, dict] = {}
         """rank -> the last heartbeat this attempt's own process wrote (the file may hold a stranger's)."""
+        self.last_check: float | None = None
+        self.awake_since = 0.0
+        """Wall clock at the end of the watcher's latest pause: no deadline counts time before it."""
+        self.paused_s: float | None = None
+        """The pause the latest `check` found (None: none), for the supervisor's event log."""
 
     def hang_allowance(self) -> float:
         """How long a training step may take before it is declared hung."""
@@ -82,6 +95,22 @@ class AttemptWatch:
         if isinstance(step_s, int | float) and not isinstance(step_s, bool) and math.isfinite(step_s):
             self.longest_step_s = max(self.longest_step_s, float(step_s))
 
+    def _observe(self, now: float) -> None:
+        """Note a pause of the watcher itself: what the ranks did in it was not watched, so silence and
+        stalls are counted from its end (a frozen machine does not make every rank look hung at once)."""
+        self.paused_s = None
+        if self.last_check is not None and now - self.last_check > OBSERVER_PAUSE_S:
+            self.paused_s = now - self.last_check
+            self.awake_since = now
+        self.last_check = now
+
+    def _silence_allowed(self, phase: object) -> tuple[float, str]:
+        """How long a rank's heartbeat may be silent in `phase`, and the rule that says so."""
+        r = self.cfg
+        if phase == Phase.STARTUP and r.startup_timeout_s > r.liveness_timeout_s:
+            return r.startup_timeout_s, f"resilience.startup_timeout_s={r.startup_timeout_s:g} while starting"
+        return r.liveness_timeout_s, f"resilience.liveness_timeout_s={r.liveness_timeout_s:g}"
+
     def check(self) -> Failure | None:
         """Liveness for every phase; progress only while every rank trains; a bound on shutdown.
 
@@ -90,6 +119,7 @@ class AttemptWatch:
         """
         r = self.cfg
         now = time.time()
+        self._observe(now)
         beats: dict[int, dict] = {}
         for rank in self.ranks:
             if rank.proc.poll() is not None:
@@ -100,7 +130,7 @@ class AttemptWatch:
             beat = self.own_beats.get(rank.rank)
             if beat is None:
                 waited = now - rank.spawned_at
-                if waited > r.startup_timeout_s:
+                if now - max(rank.spawned_at, self.awake_since) > r.startup_timeout_s:
                     return Failure(
                         "startup_timeout",
                         rank.rank,
@@ -109,8 +139,9 @@ class AttemptWatch:
                     )
                 continue
             age = now - beat["time"]
-            if age > r.liveness_timeout_s:
-                detail = f"no heartbeat for {age:.1f}s in phase {beat.get('phase')} (stopped or hung)"
+            allowed, rule = self._silence_allowed(beat["phase"])
+            if now - max(beat["time"], self.awake_since) > allowed:
+                detail = f"no heartbeat for {age:.1f}s in phase {beat['phase']} (allowed {allowed:g}s: {rule})"
                 return Failure("stale_heartbeat", rank.rank, detail)
             beats[rank.rank] = beat
             self._note_step_time(beat.get("longest_step_s"))
@@ -125,12 +156,13 @@ class AttemptWatch:
                 step, phase, since = beat["step"], beat["phase"], now
             self.progress[rank] = (step, phase, since)
             allowance, rule = r.hang_allowance(self.longest_step_s)
-            if phase == Phase.TRAIN and now - since > allowance:
+            watched = now - max(since, self.awake_since)  # a pause of the watcher does not count
+            if phase == Phase.TRAIN and watched > allowance:
                 detail = (
                     f"step {step} has not advanced for {now - since:.1f}s (allowed {allowance:.1f}s: {rule})"
                 )
                 return Failure("no_progress", rank, detail)
-            if phase == Phase.SHUTDOWN and now - since > r.collective_timeout_s + 30.0:
+            if phase == Phase.SHUTDOWN and watched > r.collective_timeout_s + 30.0:
                 return Failure("stuck_in_shutdown", rank, f"still shutting down after {now - since:.1f}s")
         return None
 
