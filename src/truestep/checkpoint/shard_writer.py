@@ -7,6 +7,13 @@ rank's files on that rank (`sync_files=True`). The digests ride in the rank's wr
 gathers to the coordinator anyway; the coordinator's `finish` takes them out again (so `.metadata` is
 exactly what stock DCP writes) and keeps them in `digests` for the manifest (`manifest.write_manifest_v2`).
 Nothing of a shard is read back to commit it.
+
+The hash is of exactly the bytes that reach the file: each write is copied, a cache-sized chunk at a
+time, into a buffer that only this stream touches, and that copy is hashed and written. Hashing the
+caller's memory and then writing it would read it twice; if it changed in between (a save that reads
+live tensors while training goes on: checkpoint/unstaged.py) the digest would describe bytes that were
+never written, and a later resume would blame the disk ("corrupted") for what the save did. The copy
+reads memory once; hash and write read the cached copy.
 """
 
 from __future__ import annotations
@@ -31,6 +38,11 @@ from torch.futures import Future
 from truestep.checkpoint.hash_counters import count
 from truestep.core.fsio import open_for_write
 from truestep.faults.hooks import fault_point
+
+CHUNK_BYTES = 1 << 20
+"""Bytes copied, hashed and written at a time (fits a core's cache)."""
+_chunks = threading.local()
+"""Each writing thread's reusable chunk buffer."""
 
 ItemDigests = dict[str, list[list[Any]]]
 """file name -> [[offset, length, sha256], ...] sorted by offset: the manifest's v2 `items`."""
@@ -69,10 +81,25 @@ class _HashingItemStream(io.IOBase):
 
     def write(self, data: Any) -> int:
         view = memoryview(data).cast("B")
-        self._hash.update(view)
+        chunk = getattr(_chunks, "buffer", None)
+        if chunk is None:
+            chunk = _chunks.buffer = memoryview(bytearray(CHUNK_BYTES))
+        for start in range(0, view.nbytes, CHUNK_BYTES):
+            part = view[start : start + CHUNK_BYTES]
+            copy = chunk[: part.nbytes]
+            copy[:] = part  # one read of the caller's memory; hash and file get the same bytes
+            self._hash.update(copy)
+            self._write_all(copy)
         self._written += view.nbytes
-        written = self._raw.write(view)
-        return view.nbytes if written is None else written
+        return view.nbytes
+
+    def _write_all(self, data: memoryview) -> None:
+        """The whole chunk into the file (a raw stream may take less than it is given)."""
+        while data.nbytes:
+            taken = self._raw.write(data)
+            if not taken:  # None (would block) or 0: a regular file never does this; do not spin
+                raise OSError(f"{self._index.fqn}: the shard file took no bytes")
+            data = data[taken:]
 
     def close(self) -> None:
         if self.closed:
