@@ -4,7 +4,7 @@ floor (hang_timeout_s) until a rank has reported a completed step's duration (`l
 its heartbeat), then max(floor, multiple x the longest reported); a step still running never lengthens it.
 Only lower bounds on time are asserted (a loaded machine only makes a stall look longer). The same rule
 on real training processes: tests/test_resilience.py. Also the watch's two other time rules: a rank
-that is starting may be silent for startup_timeout_s (importing torch holds the GIL), and a pause of the
+that is importing torch may be silent for startup_timeout_s (loading holds the GIL), and a pause of the
 watcher itself restarts every deadline."""
 
 from __future__ import annotations
@@ -135,11 +135,14 @@ def beat_at(run_dir: Path, rank: Rank, at: float, phase: Phase) -> None:
     path.write_text(json.dumps(record))
 
 
-@pytest.mark.parametrize(("phase", "declared"), [(Phase.STARTUP, False), (Phase.RESTORE, True)])
-def test_a_starting_rank_may_be_silent_for_the_startup_timeout(
+@pytest.mark.parametrize(
+    ("phase", "declared"), [(Phase.LOADING, False), (Phase.STARTUP, True), (Phase.RESTORE, True)]
+)
+def test_a_loading_rank_may_be_silent_for_the_startup_timeout(
     tmp_path: Path, rank: Rank, phase: Phase, declared: bool
 ) -> None:
-    """Silent for 2 s with liveness 1 s and startup 5 s: stale unless the rank is still starting."""
+    """Silent for 2 s with liveness 1 s and startup 5 s: stale unless the rank is still importing torch
+    (phase `loading`); silent for 6 s, stale in any phase."""
     cfg = ResilienceConfig(liveness_timeout_s=1.0, startup_timeout_s=5.0)
     watch = AttemptWatch(tmp_path, [rank], cfg)
     beat_at(tmp_path, rank, time.time() - 2.0, phase)
@@ -147,10 +150,10 @@ def test_a_starting_rank_may_be_silent_for_the_startup_timeout(
     assert (failure is not None) == declared, failure
     if declared:
         assert failure.kind == "stale_heartbeat" and "resilience.liveness_timeout_s=1" in failure.detail
-    beat_at(tmp_path, rank, time.time() - 6.0, Phase.STARTUP)
+    beat_at(tmp_path, rank, time.time() - 6.0, Phase.LOADING)
     failure = watch.check()
     assert failure is not None and failure.kind == "stale_heartbeat", failure
-    assert "resilience.startup_timeout_s=5 while starting" in failure.detail, failure.detail
+    assert "resilience.startup_timeout_s=5 while loading" in failure.detail, failure.detail
 
 
 def test_a_pause_of_the_watcher_restarts_every_deadline(tmp_path: Path, rank: Rank) -> None:

@@ -246,8 +246,8 @@ class ResilienceConfig:
     startup_timeout_s: float = 20.0
     """Supervisor: a rank that has written no heartbeat this long after it was spawned is stopped or
     stuck while starting. The heartbeat starts before torch is imported (measured: 0.25-0.5 s after the
-    spawn on a loaded 2-core machine). Also how long a rank still in phase `startup` may go without a
-    beat, if longer than liveness_timeout_s: importing torch holds the GIL, which stalls the beat."""
+    spawn on a loaded 2-core machine). Also how long a rank still importing torch (phase `loading`) may
+    go without a beat, if longer than liveness_timeout_s: loading holds the GIL, which stalls the beat."""
     lease_ttl_s: float = 30.0
     """The run directory lease is renewed every lease_ttl_s / 4; a lease held from another host that was
     not renewed for this long is stale and may be taken over by another job."""

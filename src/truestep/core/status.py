@@ -10,8 +10,12 @@ from dataclasses import dataclass
 class Phase(enum.StrEnum):
     """Reported in heartbeats; the supervisor's hang rule applies only to TRAIN."""
 
+    LOADING = "loading"
+    """Importing torch and the trainer. Loading native libraries holds the GIL, so the heartbeat thread
+    may not beat for a while (1.5 s measured on a loaded 2-core machine): the supervisor allows a
+    loading rank startup_timeout_s of silence instead of liveness_timeout_s."""
     STARTUP = "startup"
-    """Imports, process group, model build, data: before anything is restored."""
+    """Process group, model build, data: before anything is restored."""
     RESTORE = "restore"
     """Resolving and loading a checkpoint (at start or in a NaN rollback)."""
     TRAIN = "train"

@@ -5,8 +5,10 @@ A rank is judged by its process and its heartbeat file:
 - it wrote no heartbeat within `startup_timeout_s` of being spawned (stopped or stuck while importing
   or meeting its peers) -> `startup_timeout`;
 - its heartbeat is older than `liveness_timeout_s` (stopped, or the whole process hung) -> `stale_heartbeat`;
-  while it starts, `startup_timeout_s` if longer: loading torch's native libraries holds the GIL, so the
-  heartbeat thread cannot beat (gaps of 1.5 s measured on a loaded 2-core machine);
+  while it is still importing torch (phase `loading`), `startup_timeout_s` if longer: loading native
+  libraries holds the GIL, so the heartbeat thread cannot beat (gaps of 1.5 s measured on a loaded 2-core
+  machine). Only that phase: a beat's phase can lag the rank's by one interval, and a rank stopped just
+  after it left `startup` must still be declared within the liveness timeout;
 - it trained but its step did not advance for `hang_allowance()` (hang_timeout_s, or more once a rank
   has reported how long its steps take: resilience.hang_step_multiple) while every rank trained ->
   `no_progress`;
@@ -107,8 +109,8 @@ class AttemptWatch:
     def _silence_allowed(self, phase: object) -> tuple[float, str]:
         """How long a rank's heartbeat may be silent in `phase`, and the rule that says so."""
         r = self.cfg
-        if phase == Phase.STARTUP and r.startup_timeout_s > r.liveness_timeout_s:
-            return r.startup_timeout_s, f"resilience.startup_timeout_s={r.startup_timeout_s:g} while starting"
+        if phase == Phase.LOADING and r.startup_timeout_s > r.liveness_timeout_s:
+            return r.startup_timeout_s, f"resilience.startup_timeout_s={r.startup_timeout_s:g} while loading"
         return r.liveness_timeout_s, f"resilience.liveness_timeout_s={r.liveness_timeout_s:g}"
 
     def check(self) -> Failure | None:
@@ -141,7 +143,9 @@ class AttemptWatch:
             age = now - beat["time"]
             allowed, rule = self._silence_allowed(beat["phase"])
             if now - max(beat["time"], self.awake_since) > allowed:
-                detail = f"no heartbeat for {age:.1f}s in phase {beat['phase']} (allowed {allowed:g}s: {rule})"
+                detail = (
+                    f"no heartbeat for {age:.1f}s in phase {beat['phase']} (allowed {allowed:g}s: {rule})"
+                )
                 return Failure("stale_heartbeat", rank.rank, detail)
             beats[rank.rank] = beat
             self._note_step_time(beat.get("longest_step_s"))

@@ -18,7 +18,7 @@ from pathlib import Path
 from truestep.config.schema import JobConfig
 from truestep.core.launch import Launch, LaunchError
 from truestep.core.names import ENV_RUN_DIR
-from truestep.core.status import RankStatus
+from truestep.core.status import Phase, RankStatus
 from truestep.faults.hooks import arm, disarm, fault_point
 from truestep.faults.hooks import set_context as set_fault_context
 from truestep.faults.spec import parse_faults
@@ -45,10 +45,12 @@ def run_rank(cfg: JobConfig, launch: Launch) -> int:
         fault_point("startup")
         if attempt is not None and cfg.resilience.heartbeat:
             interval = cfg.resilience.heartbeat_interval_s
+            status.phase = Phase.LOADING
             heartbeat = Heartbeat(run_dir, launch.rank, attempt.number, status, interval, attempt.fence)
             heartbeat.start()
         from truestep.train.run import run_training  # torch and the model: after the first heartbeat
 
+        status.phase = Phase.STARTUP
         return run_training(cfg, launch, status, attempt)
     finally:
         if heartbeat is not None:
