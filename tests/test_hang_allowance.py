@@ -172,3 +172,19 @@ def test_a_pause_of_the_watcher_restarts_every_deadline(tmp_path: Path, rank: Ra
         assert time.time() - resumed < 30, "a silent rank was never declared"
         time.sleep(0.05)
     assert failure.kind == "stale_heartbeat" and time.time() - resumed >= liveness
+
+
+def test_leaving_loading_is_written_at_once(tmp_path: Path) -> None:
+    """The rank's front door beats as it leaves `loading` (train/rank.py): a warm standby restores within
+    one interval of its handoff, and a last beat still saying `loading` gave a rank stopped in its restore
+    20 s (startup_timeout_s) instead of the liveness timeout. Here the thread would not beat for a minute."""
+    status = RankStatus(phase=Phase.LOADING)
+    hb = Heartbeat(tmp_path, 0, 0, status, interval_s=60.0)
+    hb.start()
+    try:
+        assert read_heartbeat(heartbeat_path(tmp_path, 0))["phase"] == Phase.LOADING
+        status.phase = Phase.STARTUP
+        hb.beat_now()
+        assert read_heartbeat(heartbeat_path(tmp_path, 0))["phase"] == Phase.STARTUP
+    finally:
+        hb.stop()

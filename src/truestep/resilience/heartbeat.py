@@ -14,6 +14,7 @@ Standard library only.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -85,6 +86,8 @@ class Heartbeat:
         self.fence = fence
         self._stopped = threading.Event()
         self._thread: threading.Thread | None = None
+        self._writing = threading.Lock()
+        """One beat at a time, each built from the status at its write: the last one in the file is the newest."""
 
     def stop(self) -> None:
         """No more beats; returns once the thread has ended (a beat being written finishes first), or
@@ -100,7 +103,18 @@ class Heartbeat:
         self._thread = threading.Thread(target=self._beat, name="truestep-heartbeat", daemon=True)
         self._thread.start()
 
+    def beat_now(self) -> None:
+        """Write a beat at once, from the caller's thread: for a phase change that must not wait up to one
+        interval to be seen (leaving `loading`, whose longer silence allowance must not outlive it). A
+        failed write is a missed beat, as on the thread."""
+        with contextlib.suppress(OSError):  # e.g. a full disk: the thread's next beat says it again
+            self._write()
+
     def _write(self) -> None:
+        with self._writing:
+            self._write_locked()
+
+    def _write_locked(self) -> None:
         record = {
             "pid": os.getpid(),
             "rank": self.rank,
