@@ -150,6 +150,7 @@ def _rank(rank: int, world: int, init: str, root: str, per_rank: int, out: str, 
         read = hash_counters.snapshot()
         facts = {"wrote": wrote, "read": read, "resume_s": took, "save_s": save_s}
         Path(out, f"rank{rank}.json").write_text(json.dumps(facts))
+        dist.barrier()  # no rank tears the group down while a peer is still in a collective
     finally:
         dist.destroy_process_group()
 

@@ -107,5 +107,6 @@ def rank_worker(rank: int, world: int, init_file: str, root: str, flip_rank: int
                 }
             )
         )
+        dist.barrier()  # no rank tears the group down while a peer is still in a collective (test_meta_init)
     finally:
         dist.destroy_process_group()
