@@ -156,22 +156,48 @@ def test_a_loading_rank_may_be_silent_for_the_startup_timeout(
     assert "resilience.startup_timeout_s=5 while loading" in failure.detail, failure.detail
 
 
-def test_a_pause_of_the_watcher_restarts_every_deadline(tmp_path: Path, rank: Rank) -> None:
-    """The watcher sleeps through 2 x OBSERVER_PAUSE_S (a frozen machine) while the rank's last beat
-    ages past the liveness timeout: the rank is given a full window from the end of the pause, then
-    declared stale if it stays silent."""
-    liveness = OBSERVER_PAUSE_S
+def test_a_pause_of_the_watcher_is_not_the_ranks_silence(tmp_path: Path, rank: Rank) -> None:
+    """The watcher sleeps through 3 x OBSERVER_PAUSE_S (a frozen machine) while the rank's last beat ages
+    past the liveness timeout (1.5 x OBSERVER_PAUSE_S): only OBSERVER_PAUSE_S of the pause counts, so the
+    rank is not declared at once, and is declared once it stays silent for the rest of its window."""
+    liveness = 1.5 * OBSERVER_PAUSE_S
     watch = AttemptWatch(tmp_path, [rank], ResilienceConfig(liveness_timeout_s=liveness))
     beat_at(tmp_path, rank, time.time(), Phase.TRAIN)
     assert watch.check() is None and watch.paused_s is None
-    time.sleep(2 * OBSERVER_PAUSE_S)  # the beat is now older than the liveness timeout
+    time.sleep(3 * OBSERVER_PAUSE_S)  # the beat is now twice as old as the liveness timeout
     assert watch.check() is None, "the watcher's own pause was counted against the rank"
-    assert watch.paused_s is not None and watch.paused_s >= 2 * OBSERVER_PAUSE_S
+    assert watch.paused_s is not None and watch.paused_s >= 3 * OBSERVER_PAUSE_S
     resumed = time.time()
     while (failure := watch.check()) is None:
         assert time.time() - resumed < 30, "a silent rank was never declared"
         time.sleep(0.05)
-    assert failure.kind == "stale_heartbeat" and time.time() - resumed >= liveness
+    assert failure.kind == "stale_heartbeat" and time.time() - resumed >= 0.4 * OBSERVER_PAUSE_S
+
+
+def test_a_slow_watcher_still_declares_a_silent_rank(tmp_path: Path, rank: Rank) -> None:
+    """Every poll 1.2 x OBSERVER_PAUSE_S apart is a 'pause' each time; were a pause to restart the
+    deadlines, a silent rank would never be declared. Only the excess is left out: it is, within a few polls."""
+    watch = AttemptWatch(tmp_path, [rank], ResilienceConfig(liveness_timeout_s=1.5 * OBSERVER_PAUSE_S))
+    beat_at(tmp_path, rank, time.time(), Phase.TRAIN)
+    assert watch.check() is None
+    for _ in range(6):
+        time.sleep(1.2 * OBSERVER_PAUSE_S)
+        failure = watch.check()
+        assert watch.paused_s is not None
+        if failure is not None:
+            break
+    assert failure is not None and failure.kind == "stale_heartbeat", "a slow watcher never declared the rank"
+
+
+def test_a_beat_from_the_future_does_not_hide_a_silent_rank(tmp_path: Path, rank: Rank) -> None:
+    """A heartbeat is a control file: a `time` ahead of the clock counts as now, not as a beat to come."""
+    watch = AttemptWatch(tmp_path, [rank], ResilienceConfig(liveness_timeout_s=0.3))
+    beat_at(tmp_path, rank, time.time() + 3600, Phase.TRAIN)
+    started = time.time()
+    while (failure := watch.check()) is None:
+        assert time.time() - started < 10, "a beat dated an hour ahead hid the rank's silence"
+        time.sleep(0.05)
+    assert failure.kind == "stale_heartbeat"
 
 
 def test_leaving_loading_is_written_at_once(tmp_path: Path) -> None:

@@ -14,8 +14,9 @@ A rank is judged by its process and its heartbeat file:
   `no_progress`;
 - it has been shutting down for longer than the collective timeout allows -> `stuck_in_shutdown`.
 Time the watcher itself did not run (a check more than OBSERVER_PAUSE_S after the previous one: the machine
-froze or was overloaded, the VM was descheduled) is not evidence against a rank: every deadline counts
-from the end of such a pause, and the pause is reported (`paused_s`).
+froze or was overloaded, the VM was descheduled) is not evidence against a rank: every deadline leaves out
+the part of such a pause beyond OBSERVER_PAUSE_S, and the pause is reported (`paused_s`). Only that part:
+a watcher that is merely slow (every poll 1.2 s apart) still declares a silent rank, a little later.
 How the attempt ends when its ranks exit is `rank_exits` (with the one classification of exit codes,
 `core.errors.Outcome`). A heartbeat file written by another process (a stale attempt's rank that has not yet seen it is fenced,
 in the shared run directory) is not this rank's: its own last beat counts. A multi-node job is also
@@ -39,6 +40,8 @@ from truestep.resilience.node_loss import NodeLoss
 
 OBSERVER_PAUSE_S = 1.0
 """A gap between two checks longer than this (ten polls) means the watcher was not running."""
+MAX_PAUSES = 1000
+"""Pauses remembered (the oldest are forgotten: a deadline that old has long been decided)."""
 
 
 @dataclass
@@ -81,9 +84,11 @@ class AttemptWatch:
         self.progress: dict[int, tuple[int, str, float]] = {}
         self.own_beats: dict[int, dict] = {}
         """rank -> the last heartbeat this attempt's own process wrote (the file may hold a stranger's)."""
+        self.first_seen: dict[int, tuple[float, float]] = {}
+        """rank -> (its last beat's time, when this watcher first saw that beat)."""
         self.last_check: float | None = None
-        self.awake_since = 0.0
-        """Wall clock at the end of the watcher's latest pause: no deadline counts time before it."""
+        self.pauses: list[tuple[float, float]] = []
+        """(start, end) wall clock of the watcher's own pauses, the latest MAX_PAUSES."""
         self.paused_s: float | None = None
         """The pause the latest `check` found (None: none), for the supervisor's event log."""
 
@@ -98,13 +103,31 @@ class AttemptWatch:
             self.longest_step_s = max(self.longest_step_s, float(step_s))
 
     def _observe(self, now: float) -> None:
-        """Note a pause of the watcher itself: what the ranks did in it was not watched, so silence and
-        stalls are counted from its end (a frozen machine does not make every rank look hung at once)."""
+        """Note a pause of the watcher itself: what the ranks did in it was not watched, so it does not
+        count as their silence or stall (a frozen machine does not make every rank look hung at once)."""
         self.paused_s = None
         if self.last_check is not None and now - self.last_check > OBSERVER_PAUSE_S:
             self.paused_s = now - self.last_check
-            self.awake_since = now
+            self.pauses = [*self.pauses[-(MAX_PAUSES - 1) :], (self.last_check, now)]
         self.last_check = now
+
+    def _beat_since(self, rank: int, beat: dict, now: float) -> float:
+        """When the rank's last beat was written: its `time`, but never later than when this watcher
+        first saw that beat (a heartbeat is a control file: a time ahead of the clock must not hide the
+        silence that follows)."""
+        stamp = beat["time"]
+        seen = self.first_seen.get(rank)
+        if seen is None or seen[0] != stamp:
+            seen = self.first_seen[rank] = (stamp, now)
+        return min(stamp, seen[1])
+
+    def _watched(self, since: float, now: float) -> float:
+        """Seconds from `since` to `now` the watcher was awake for: of each pause in between, the part
+        beyond OBSERVER_PAUSE_S is left out."""
+        unwatched = sum(
+            max(0.0, min(end, now) - max(start, since) - OBSERVER_PAUSE_S) for start, end in self.pauses
+        )
+        return now - since - unwatched
 
     def _silence_allowed(self, phase: object) -> tuple[float, str]:
         """How long a rank's heartbeat may be silent in `phase`, and the rule that says so."""
@@ -132,7 +155,7 @@ class AttemptWatch:
             beat = self.own_beats.get(rank.rank)
             if beat is None:
                 waited = now - rank.spawned_at
-                if now - max(rank.spawned_at, self.awake_since) > r.startup_timeout_s:
+                if self._watched(rank.spawned_at, now) > r.startup_timeout_s:
                     return Failure(
                         "startup_timeout",
                         rank.rank,
@@ -142,7 +165,7 @@ class AttemptWatch:
                 continue
             age = now - beat["time"]
             allowed, rule = self._silence_allowed(beat["phase"])
-            if now - max(beat["time"], self.awake_since) > allowed:
+            if self._watched(self._beat_since(rank.rank, beat, now), now) > allowed:
                 detail = (
                     f"no heartbeat for {age:.1f}s in phase {beat['phase']} (allowed {allowed:g}s: {rule})"
                 )
@@ -160,7 +183,7 @@ class AttemptWatch:
                 step, phase, since = beat["step"], beat["phase"], now
             self.progress[rank] = (step, phase, since)
             allowance, rule = r.hang_allowance(self.longest_step_s)
-            watched = now - max(since, self.awake_since)  # a pause of the watcher does not count
+            watched = self._watched(since, now)
             if phase == Phase.TRAIN and watched > allowance:
                 detail = (
                     f"step {step} has not advanced for {now - since:.1f}s (allowed {allowance:.1f}s: {rule})"
