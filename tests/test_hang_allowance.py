@@ -4,8 +4,8 @@ floor (hang_timeout_s) until a rank has reported a completed step's duration (`l
 its heartbeat), then max(floor, multiple x the longest reported); a step still running never lengthens it.
 Only lower bounds on time are asserted (a loaded machine only makes a stall look longer). The same rule
 on real training processes: tests/test_resilience.py. Also the watch's two other time rules: a rank
-that is importing torch may be silent for startup_timeout_s (loading holds the GIL), and a pause of the
-watcher itself restarts every deadline."""
+that is importing torch may be silent for startup_timeout_s (loading holds the GIL), and of a pause of the
+watcher itself only the part beyond OBSERVER_PAUSE_S counts."""
 
 from __future__ import annotations
 
@@ -38,14 +38,22 @@ def rank() -> Iterator[Rank]:
         proc.wait()
 
 
-def beat(run_dir: Path, rank: Rank, step: int, step_s: Any = STEP_S, phase: Phase = Phase.TRAIN) -> None:
+def beat(
+    run_dir: Path,
+    rank: Rank,
+    step: int,
+    step_s: Any = STEP_S,
+    phase: Phase = Phase.TRAIN,
+    at: float | None = None,
+) -> None:
+    """A heartbeat of `rank` at `step`, written now or dated `at` (in the past: a silent rank)."""
     path = heartbeat_path(run_dir, rank.rank)
     path.parent.mkdir(parents=True, exist_ok=True)
     record = {
         "pid": rank.proc.pid,
         "rank": 0,
         "attempt": 0,
-        "time": time.time(),
+        "time": time.time() if at is None else at,
         "step": step,
         "phase": phase,
     }
@@ -127,14 +135,6 @@ def test_the_heartbeat_carries_the_longest_step(tmp_path: Path) -> None:
         hb.stop()
 
 
-def beat_at(run_dir: Path, rank: Rank, at: float, phase: Phase) -> None:
-    """A heartbeat written at wall clock `at` (in the past: a silent rank)."""
-    path = heartbeat_path(run_dir, rank.rank)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    record = {"pid": rank.proc.pid, "rank": 0, "attempt": 0, "time": at, "step": 0, "phase": phase}
-    path.write_text(json.dumps(record))
-
-
 @pytest.mark.parametrize(
     ("phase", "declared"), [(Phase.LOADING, False), (Phase.STARTUP, True), (Phase.RESTORE, True)]
 )
@@ -145,12 +145,12 @@ def test_a_loading_rank_may_be_silent_for_the_startup_timeout(
     (phase `loading`); silent for 6 s, stale in any phase."""
     cfg = ResilienceConfig(liveness_timeout_s=1.0, startup_timeout_s=5.0)
     watch = AttemptWatch(tmp_path, [rank], cfg)
-    beat_at(tmp_path, rank, time.time() - 2.0, phase)
+    beat(tmp_path, rank, 0, phase=phase, at=time.time() - 2.0)
     failure = watch.check()
     assert (failure is not None) == declared, failure
     if declared:
         assert failure.kind == "stale_heartbeat" and "resilience.liveness_timeout_s=1" in failure.detail
-    beat_at(tmp_path, rank, time.time() - 6.0, Phase.LOADING)
+    beat(tmp_path, rank, 0, phase=Phase.LOADING, at=time.time() - 6.0)
     failure = watch.check()
     assert failure is not None and failure.kind == "stale_heartbeat", failure
     assert "resilience.startup_timeout_s=5 while loading" in failure.detail, failure.detail
@@ -162,7 +162,7 @@ def test_a_pause_of_the_watcher_is_not_the_ranks_silence(tmp_path: Path, rank: R
     rank is not declared at once, and is declared once it stays silent for the rest of its window."""
     liveness = 1.5 * OBSERVER_PAUSE_S
     watch = AttemptWatch(tmp_path, [rank], ResilienceConfig(liveness_timeout_s=liveness))
-    beat_at(tmp_path, rank, time.time(), Phase.TRAIN)
+    beat(tmp_path, rank, 0, phase=Phase.TRAIN, at=time.time())
     assert watch.check() is None and watch.paused_s is None
     time.sleep(3 * OBSERVER_PAUSE_S)  # the beat is now twice as old as the liveness timeout
     assert watch.check() is None, "the watcher's own pause was counted against the rank"
@@ -178,7 +178,7 @@ def test_a_slow_watcher_still_declares_a_silent_rank(tmp_path: Path, rank: Rank)
     """Every poll 1.2 x OBSERVER_PAUSE_S apart is a 'pause' each time; were a pause to restart the
     deadlines, a silent rank would never be declared. Only the excess is left out: it is, within a few polls."""
     watch = AttemptWatch(tmp_path, [rank], ResilienceConfig(liveness_timeout_s=1.5 * OBSERVER_PAUSE_S))
-    beat_at(tmp_path, rank, time.time(), Phase.TRAIN)
+    beat(tmp_path, rank, 0, phase=Phase.TRAIN, at=time.time())
     assert watch.check() is None
     for _ in range(6):
         time.sleep(1.2 * OBSERVER_PAUSE_S)
@@ -192,7 +192,7 @@ def test_a_slow_watcher_still_declares_a_silent_rank(tmp_path: Path, rank: Rank)
 def test_a_beat_from_the_future_does_not_hide_a_silent_rank(tmp_path: Path, rank: Rank) -> None:
     """A heartbeat is a control file: a `time` ahead of the clock counts as now, not as a beat to come."""
     watch = AttemptWatch(tmp_path, [rank], ResilienceConfig(liveness_timeout_s=0.3))
-    beat_at(tmp_path, rank, time.time() + 3600, Phase.TRAIN)
+    beat(tmp_path, rank, 0, phase=Phase.TRAIN, at=time.time() + 3600)
     started = time.time()
     while (failure := watch.check()) is None:
         assert time.time() - started < 10, "a beat dated an hour ahead hid the rank's silence"

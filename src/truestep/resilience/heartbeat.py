@@ -112,19 +112,16 @@ class Heartbeat:
 
     def _write(self) -> None:
         with self._writing:
-            self._write_locked()
-
-    def _write_locked(self) -> None:
-        record = {
-            "pid": os.getpid(),
-            "rank": self.rank,
-            "attempt": self.attempt,
-            "time": time.time(),
-            "step": self.status.step,
-            "phase": str(self.status.phase),
-            "longest_step_s": self.status.longest_step_s,
-        }
-        atomic_write(self.path, json.dumps(record).encode(), durable=False)
+            record = {
+                "pid": os.getpid(),
+                "rank": self.rank,
+                "attempt": self.attempt,
+                "time": time.time(),
+                "step": self.status.step,
+                "phase": str(self.status.phase),
+                "longest_step_s": self.status.longest_step_s,
+            }
+            atomic_write(self.path, json.dumps(record).encode(), durable=False)
 
     def _beat(self) -> None:
         fenced_at = time.monotonic()

@@ -228,7 +228,7 @@ class Supervisor:
             if self.cfg.resilience.heartbeat:
                 failure = watch.check()
                 self.longest_step_s = watch.longest_step_s  # a restart's attempt keeps what was timed
-                if watch.paused_s is not None:  # every deadline restarted: say why detection was late
+                if watch.paused_s is not None:  # left out of every deadline: say why detection was late
                     self.events.write(
                         {"event": "watch_paused", "attempt": self.attempt, "paused_s": watch.paused_s}
                     )

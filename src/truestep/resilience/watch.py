@@ -28,6 +28,7 @@ from __future__ import annotations
 import math
 import subprocess
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -87,7 +88,7 @@ class AttemptWatch:
         self.first_seen: dict[int, tuple[float, float]] = {}
         """rank -> (its last beat's time, when this watcher first saw that beat)."""
         self.last_check: float | None = None
-        self.pauses: list[tuple[float, float]] = []
+        self.pauses: deque[tuple[float, float]] = deque(maxlen=MAX_PAUSES)
         """(start, end) wall clock of the watcher's own pauses, the latest MAX_PAUSES."""
         self.paused_s: float | None = None
         """The pause the latest `check` found (None: none), for the supervisor's event log."""
@@ -108,7 +109,7 @@ class AttemptWatch:
         self.paused_s = None
         if self.last_check is not None and now - self.last_check > OBSERVER_PAUSE_S:
             self.paused_s = now - self.last_check
-            self.pauses = [*self.pauses[-(MAX_PAUSES - 1) :], (self.last_check, now)]
+            self.pauses.append((self.last_check, now))
         self.last_check = now
 
     def _beat_since(self, rank: int, beat: dict, now: float) -> float:
