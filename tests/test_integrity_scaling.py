@@ -116,3 +116,35 @@ def test_a_v1_manifest_is_still_read_and_hashed_whole_before_the_load(tmp_path):
     loaded = _zeros_like(state)
     load_dcp(loaded, ckpt_dir, no_dist=True, check_items=True)
     assert torch.equal(loaded["a"].view(torch.int32), state["a"].view(torch.int32))
+
+
+def test_an_item_digest_is_of_the_bytes_written_even_if_the_source_changes_meanwhile():
+    """The shard stream hashes the bytes that reach the file, not the caller's memory: here the file
+    changes the source (as training does to an unstaged save's live tensors) before it takes the bytes.
+    Hashing the source and then writing it recorded the digest of bytes that were never written."""
+    import hashlib
+
+    from torch.distributed.checkpoint.metadata import MetadataIndex
+
+    from truestep.checkpoint.shard_writer import CHUNK_BYTES, _HashingItemStream
+
+    source = bytearray(b"\x01" * (2 * CHUNK_BYTES + 123))
+    written = bytearray()
+
+    class SourceChangingFile:
+        def write(self, data) -> int:
+            source[:] = b"\x02" * len(source)  # the source moves on before the file reads the bytes
+            written.extend(data)
+            return len(data)
+
+        def flush(self) -> None:
+            pass
+
+    recorded: list[str] = []
+    stream = _HashingItemStream(
+        SourceChangingFile(), MetadataIndex("w"), lambda _i, sha, _n: recorded.append(sha)
+    )
+    assert stream.write(memoryview(source)) == len(source)
+    stream.close()
+    assert len(written) == len(source)
+    assert recorded == [hashlib.sha256(written).hexdigest()]
