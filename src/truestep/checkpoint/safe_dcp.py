@@ -51,6 +51,7 @@ from truestep.checkpoint.errors import CheckpointContentError, TensorMismatchErr
 from truestep.checkpoint.verified_read import PeerFoundBadItemsError, read_verified
 from truestep.core.errors import TruestepError, causes
 from truestep.core.fsio import OversizeFileError, UnsafePathError, open_regular, plain_file_name, read_regular
+from truestep.telemetry import startup
 
 MAX_METADATA_BYTES = 1 << 30
 """DCP metadata of a 70B model on thousands of ranks is tens of MB; beyond this it is not metadata."""
@@ -270,7 +271,7 @@ def load_dcp(state: dict[str, Any], ckpt_dir: Path, no_dist: bool = False, check
     list of tracebacks); this re-raises the failure itself: a TruestepError (UnsafeCheckpointError,
     TensorMismatchError, ...) or an OSError as they are, anything else as it was raised."""
     try:
-        with single_process():
+        with single_process(), startup.timed("load"):
             dcp.load(
                 state,
                 storage_reader=SafeFileSystemReader(ckpt_dir, check_items, collective=not no_dist),

@@ -7,7 +7,6 @@ Given a `KVCache`, the forward decodes incrementally (generation); without one i
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator
 
 import torch
@@ -15,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from truestep.config.schema import ModelConfig
+from truestep.model.init import INIT_SCHEMES, blockwise_region, param_std
 from truestep.model.kv_cache import KVCache, LayerKV
 from truestep.model.rope import apply_rope, head_dim, rope_tables_for
 
@@ -125,22 +125,20 @@ class Transformer(nn.Module):
 
     @torch.no_grad()
     def initial_values(self, seed: int) -> Iterator[tuple[nn.Parameter, torch.Tensor]]:
-        """Each parameter with its full initial value (fp32, CPU), one at a time, drawn from `seed` alone.
+        """The "full" scheme (model/init.py): each parameter with its full initial value (fp32, CPU), one
+        at a time, drawn in order from one generator seeded with `seed`.
 
         The values depend on the parameter's global shape and order only, so a sharded model (DTensor
         parameters, built on the meta device) gets exactly the weights an unsharded one does, and no
         more than one full parameter is ever held: parallel/parallelize.py writes each into its shards.
         """
         gen = torch.Generator(device="cpu").manual_seed(seed)
-        std = self.cfg.init_std
-        out_std = std / math.sqrt(2 * self.cfg.n_layers)
         for name, param in self.named_parameters():
-            if name.endswith("norm.weight"):
+            std = param_std(name, self.cfg)
+            if std is None:
                 yield param, torch.ones(param.shape, dtype=torch.float32)
                 continue
-            is_out_proj = name.endswith("attention.wo.weight") or name.endswith("feed_forward.w2.weight")
-            values = torch.randn(param.shape, generator=gen, dtype=torch.float32)
-            yield param, values.mul_(out_std if is_out_proj else std)
+            yield param, torch.randn(param.shape, generator=gen, dtype=torch.float32).mul_(std)
 
     @torch.no_grad()
     def init_buffers(self) -> None:
@@ -150,11 +148,19 @@ class Transformer(nn.Module):
         self.rope_sin.copy_(sin)
 
     @torch.no_grad()
-    def init_weights(self, seed: int) -> None:
+    def init_weights(self, seed: int, scheme: str = "blockwise") -> None:
         """Deterministic init from `seed` alone of an unsharded model (generation, tests); a sharded one
-        is initialized by parallel.parallelize.init_parameters with the same values."""
-        for param, values in self.initial_values(seed):
-            param.copy_(values)
+        is initialized by parallel.parallelize.init_parameters with the same values. `scheme`: "blockwise"
+        or "full" (model/init.py)."""
+        if scheme == "full":
+            for param, values in self.initial_values(seed):
+                param.copy_(values)
+        elif scheme == "blockwise":
+            for name, param in self.named_parameters():
+                std = param_std(name, self.cfg)
+                param.copy_(blockwise_region(seed, name, param.shape, std, [0] * param.dim(), param.shape))
+        else:
+            raise ValueError(f"unknown init scheme {scheme!r}; expected one of {', '.join(INIT_SCHEMES)}")
         self.init_buffers()
 
     def forward(self, tokens: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:

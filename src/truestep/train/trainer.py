@@ -42,6 +42,7 @@ from truestep.faults.hooks import poison_loss
 from truestep.parallel.dist import DistContext
 from truestep.parallel.grad_norm import clip_grad_norm
 from truestep.parallel.parallelize import build_model, init_parameters
+from truestep.telemetry import startup
 from truestep.telemetry.run_logs import RunLogs
 from truestep.train.emulation import GradientNoise, RestoreError
 from truestep.train.optimizer import build_optimizer, set_lr
@@ -89,6 +90,9 @@ class StepResult:
 
 class Trainer:
     def __init__(self, cfg: JobConfig, ctx: DistContext, logs: RunLogs, status: RankStatus) -> None:
+        """Allocate what this rank holds; nothing is initialized yet. A resume loads every parameter; a
+        fresh start calls `initialize` (train/hooks/checkpointing.py). No step runs before one of them."""
+        built = time.perf_counter()
         self.cfg = cfg
         self.ctx = ctx
         self.logs = logs
@@ -106,7 +110,9 @@ class Trainer:
         ):
             # A fresh start from given weights: refuse a misfit before allocating the model.
             precheck_init_from(cfg.checkpoint.init_from, cfg.model)
-        self.model = build_model(ctx, cfg)
+        self.model = build_model(ctx, cfg, initialize=False)  # a resume draws no random init
+        self.weights_set = False
+        """True once the weights are initialized or loaded whole: before that a step is refused."""
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = build_optimizer(self.model, cfg)
         micro = cfg.train.micro_batch(ctx.dp)
@@ -132,6 +138,11 @@ class Trainer:
             GradientNoise(t.emulate_nondeterminism, ctx) if t.emulate_nondeterminism else None
         )
         self.restore_error = RestoreError(t.emulate_restore_error, ctx) if t.emulate_restore_error else None
+        startup.add("build", time.perf_counter() - built)
+        if not cfg.checkpoint.atomic_commit:
+            # Ablation: the naive trainer it reproduces initializes at build and loads a torn checkpoint
+            # over that (checkpoint.state.restore), keeping whatever it could not load.
+            self.initialize()
 
     def log_start(self) -> None:
         if self.ctx.is_main:
@@ -150,6 +161,7 @@ class Trainer:
             max_steps=self.cfg.train.max_steps,
             faults=[spec.text for spec in armed_faults()],  # an armed fault is never silent
             state=asdict(self.state),
+            startup_phases=startup.snapshot(),  # seconds: import, build, init, verify, load
         )
 
     # --- the step ----------------------------------------------------------------------------------
@@ -160,6 +172,8 @@ class Trainer:
             self.model.set_requires_gradient_sync(enabled)
 
     def train_step(self, microbatches: list[tuple[torch.Tensor, torch.Tensor]]) -> StepResult:
+        if not self.weights_set:  # allocated memory, or a load that failed part-way, is never trained on
+            raise RuntimeError("a training step on weights neither initialized nor loaded whole")
         start = time.perf_counter()
         lr = lr_at(self.state.step, self.cfg)
         set_lr(self.optimizer, lr)
@@ -203,22 +217,30 @@ class Trainer:
         return state
 
     def load_dcp_state_dict(self, state: dict[str, Any]) -> None:
-        set_model_state_dict(self.model, state["model"])
-        if "optim" in state:
-            set_optimizer_state_dict(self.model, self.optimizer, state["optim"])
+        """Every item of `state` was loaded (checkpoint.state.restore calls this only then)."""
+        with startup.timed("load"):
+            set_model_state_dict(self.model, state["model"])
+            if "optim" in state:
+                set_optimizer_state_dict(self.model, self.optimizer, state["optim"])
+        self.weights_set = True
         if self.restore_error is not None:
             self.restore_error.perturb(self.params)
 
-    def reset_to_initial(self) -> None:
-        """Collective. Weights, optimizer, counters, data position and RNG streams exactly as the
-        constructor left them. A fresh start after a restore that failed part-way must inherit nothing
-        of it: a load can fail after the optimizer state was materialized for it (one zero-gradient step
-        counted), after items were copied, or after everything was loaded (a restored-digest mismatch)."""
-        init_parameters(self.model, self.cfg.train.seed)  # the constructor's values, shard by shard
+    def initialize(self) -> None:
+        """A fresh start: the initial weights from `train.seed` (each rank its own shards,
+        `train.init_scheme`), no optimizer state, counters, data position and RNG streams at step 0.
+        Local (no collective). Called at every fresh start, also one after restores that failed
+        part-way, which must inherit nothing of them: a load can fail after the optimizer state was
+        materialized for it (one zero-gradient step counted), after items were copied into the model
+        (a verified load streams each item into its target and the ranks agree at the end), or after
+        everything was loaded (a restored-digest mismatch)."""
+        with startup.timed("init"):
+            init_parameters(self.model, self.cfg.train.seed, self.cfg.train.init_scheme)
         self.optimizer.state.clear()  # a fresh AdamW has no state until its first step
         self.state = TrainState()
         self.loader.load_state_dict(self.initial_data_position)
         seed_streams(self.cfg.train.seed, self.ctx.dp_rank, step=0)
+        self.weights_set = True
 
     def rank_state(self) -> RankState:
         return RankState(asdict(self.state), self.loader.state_dict(), capture_rng())

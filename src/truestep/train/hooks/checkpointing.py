@@ -94,9 +94,9 @@ class CheckpointHook(Hook):
         failed_loads = 0
         while True:
             ckpt_dir = resolve_start(root, cfg, trainer.ctx, trainer.logs)
-            if ckpt_dir is None:
-                if failed_loads:  # a fresh start after a failed load: nothing of it may remain
-                    trainer.reset_to_initial()
+            if ckpt_dir is None:  # a fresh start: the trainer is only allocated, or holds a failed load's
+                trainer.initialize()  # partial state, of which nothing may remain
+                if failed_loads:
                     trainer.logs.event("state_reset", after_failed_loads=failed_loads)
                 return None
             try:
