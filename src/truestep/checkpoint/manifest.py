@@ -236,7 +236,7 @@ def verify_files(ckpt_dir: Path, checksums: bool, items_on_read: bool = False) -
     return manifest
 
 
-def item_digests(ckpt_dir: Path) -> dict[str, dict[tuple[int, int], str]]:
+def item_digests(ckpt_dir: Path, files: set[str] | None = None) -> dict[str, dict[tuple[int, int], str]]:
     """file -> (offset, length) -> SHA-256 of every item the manifest hashes per item, for a reader
     that checks bytes as it reads them. The manifest is re-bound to the marker here, on the reading
     rank, so a manifest swapped after rank 0 verified it is refused. Empty for a v1 manifest (all of its
