@@ -148,3 +148,49 @@ def test_an_item_digest_is_of_the_bytes_written_even_if_the_source_changes_meanw
     stream.close()
     assert len(written) == len(source)
     assert recorded == [hashlib.sha256(written).hexdigest()]
+
+
+def test_the_hash_runs_beside_the_write_not_before_it():
+    """The writing thread hands each copied chunk to the hashing thread and writes it at once: here the
+    hashing thread runs nothing until the test lets it, and every chunk is in the file already. The
+    digest recorded at close is still of exactly the bytes written."""
+    import hashlib
+    from concurrent.futures import Future
+
+    from torch.distributed.checkpoint.metadata import MetadataIndex
+
+    from truestep.checkpoint.shard_writer import CHUNK_BYTES, IN_FLIGHT, _HashingItemStream
+
+    held: list[tuple[Future, object, tuple]] = []
+
+    class HeldHasher:  # an executor that runs a task only when released
+        def submit(self, fn, *args):
+            done: Future = Future()
+            held.append((done, fn, args))
+            return done
+
+    def release() -> None:
+        for done, fn, args in held:
+            done.set_result(fn(*args))
+        held.clear()
+
+    source = bytes(range(256)) * ((IN_FLIGHT - 1) * CHUNK_BYTES // 256) + b"tail"
+    written = bytearray()
+
+    class File:
+        def write(self, data) -> int:
+            written.extend(data)
+            return len(data)
+
+        def flush(self) -> None:
+            pass
+
+    recorded: list[str] = []
+    stream = _HashingItemStream(
+        File(), MetadataIndex("w"), lambda _i, sha, _n: recorded.append(sha), HeldHasher()
+    )
+    assert stream.write(memoryview(source)) == len(source)
+    assert bytes(written) == source and len(held) == IN_FLIGHT  # all written, none hashed yet
+    release()
+    stream.close()
+    assert recorded == [hashlib.sha256(source).hexdigest()]

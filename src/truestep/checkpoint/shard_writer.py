@@ -8,12 +8,14 @@ gathers to the coordinator anyway; the coordinator's `finish` takes them out aga
 exactly what stock DCP writes) and keeps them in `digests` for the manifest (`manifest.write_manifest_v2`).
 Nothing of a shard is read back to commit it.
 
-The hash is of exactly the bytes that reach the file: each write is copied, a cache-sized chunk at a
-time, into a buffer that only this stream touches, and that copy is hashed and written. Hashing the
-caller's memory and then writing it would read it twice; if it changed in between (a save that reads
-live tensors while training goes on: checkpoint/unstaged.py) the digest would describe bytes that were
-never written, and a later resume would blame the disk ("corrupted") for what the save did. The copy
-reads memory once; hash and write read the cached copy.
+The hash is of exactly the bytes that reach the file, and it runs beside the write, not on the writing
+thread: each write is copied, a cache-sized chunk at a time, into a buffer that only this stream
+touches; the writing thread hands that buffer to a hashing thread (hashlib releases the GIL) and writes
+it to the file meanwhile; a buffer is reused only once both are done with it (a few are in flight).
+Hashing the caller's memory and then writing it would read it twice; if it changed in between (a save
+that reads live tensors while training goes on: checkpoint/unstaged.py) the digest would describe bytes
+that were never written, and a later resume would blame the disk ("corrupted") for what the save did.
+The copy reads memory once; hash and write read the same copy.
 """
 
 from __future__ import annotations
@@ -23,7 +25,10 @@ import hashlib
 import io
 import os
 import threading
+from collections import deque
 from collections.abc import Callable, Iterator
+from concurrent.futures import Executor, ThreadPoolExecutor
+from concurrent.futures import Future as ThreadFuture
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
@@ -41,8 +46,12 @@ from truestep.faults.hooks import fault_point
 
 CHUNK_BYTES = 1 << 20
 """Bytes copied, hashed and written at a time (fits a core's cache)."""
-_chunks = threading.local()
-"""Each writing thread's reusable chunk buffer."""
+IN_FLIGHT = 4
+"""Chunks a stream may have handed to the hashing thread and not got back (bounds its buffers)."""
+INLINE_BYTES = 64 << 10
+"""A write this small with nothing in flight is hashed on the writing thread: a thread hop costs more."""
+_pool = threading.local()
+"""Each writing thread's reusable chunk buffers."""
 
 ItemDigests = dict[str, list[list[Any]]]
 """file name -> [[offset, length, sha256], ...] sorted by offset: the manifest's v2 `items`."""
@@ -63,35 +72,64 @@ class _NoFollowFileSystem(FileSystem):
 
 
 class _HashingItemStream(io.IOBase):
-    """One item's bytes on their way into the shard file: hashed and counted, then handed on. `close`
-    records the digest and flushes but leaves the shared file open (DCP appends the next item)."""
+    """One item's bytes on their way into the shard file: copied, hashed on `hasher` while the copy is
+    written, and counted. `close` waits for the hash, records the digest and flushes, but leaves the shared
+    file open (DCP appends the next item). Without a `hasher` the stream runs a hashing thread of its own."""
 
     def __init__(
-        self, raw: IO[bytes], index: MetadataIndex, record: Callable[[MetadataIndex, str, int], None]
+        self,
+        raw: IO[bytes],
+        index: MetadataIndex,
+        record: Callable[[MetadataIndex, str, int], None],
+        hasher: Executor | None = None,
     ):
         super().__init__()
         self._raw = raw
         self._index = index
         self._record = record
+        self._own_hasher = hasher is None
+        self._hasher = hasher or ThreadPoolExecutor(1, thread_name_prefix="truestep-hash")
         self._hash = hashlib.sha256()
         self._written = 0
+        self._in_flight: deque[tuple[ThreadFuture[None], memoryview]] = deque()
+        self._free: list[memoryview] = getattr(_pool, "buffers", None) or []
+        _pool.buffers = []  # this stream's until close (a thread writes one item at a time)
 
     def writable(self) -> bool:
         return True
 
     def write(self, data: Any) -> int:
         view = memoryview(data).cast("B")
-        chunk = getattr(_chunks, "buffer", None)
-        if chunk is None:
-            chunk = _chunks.buffer = memoryview(bytearray(CHUNK_BYTES))
         for start in range(0, view.nbytes, CHUNK_BYTES):
             part = view[start : start + CHUNK_BYTES]
-            copy = chunk[: part.nbytes]
+            buffer = self._buffer()
+            copy = buffer[: part.nbytes]
             copy[:] = part  # one read of the caller's memory; hash and file get the same bytes
-            self._hash.update(copy)
-            self._write_all(copy)
+            if part.nbytes < INLINE_BYTES and not self._in_flight:
+                self._hash.update(copy)
+                self._free.append(buffer)
+            else:
+                self._in_flight.append((self._hasher.submit(self._hash.update, copy), buffer))
+            self._write_all(copy)  # while the hashing thread reads the same copy
         self._written += view.nbytes
         return view.nbytes
+
+    def _buffer(self) -> memoryview:
+        """A chunk buffer neither the file nor the hash still reads: a free one, a new one while fewer
+        than IN_FLIGHT are in flight, else the oldest once its hash is done."""
+        if self._free:
+            return self._free.pop()
+        if len(self._in_flight) < IN_FLIGHT:
+            return memoryview(bytearray(CHUNK_BYTES))
+        hashed, buffer = self._in_flight.popleft()
+        hashed.result()
+        return buffer
+
+    def _drain(self) -> None:
+        while self._in_flight:
+            hashed, buffer = self._in_flight.popleft()
+            hashed.result()
+            self._free.append(buffer)
 
     def _write_all(self, data: memoryview) -> None:
         """The whole chunk into the file (a raw stream may take less than it is given)."""
@@ -104,10 +142,16 @@ class _HashingItemStream(io.IOBase):
     def close(self) -> None:
         if self.closed:
             return
-        self._raw.flush()
-        self._record(self._index, self._hash.hexdigest(), self._written)
-        count("while_writing", self._written)
-        super().close()
+        try:
+            self._drain()
+            self._raw.flush()
+            self._record(self._index, self._hash.hexdigest(), self._written)
+            count("while_writing", self._written)
+        finally:
+            _pool.buffers = self._free[:IN_FLIGHT]
+            if self._own_hasher:
+                self._hasher.shutdown()
+            super().close()
 
 
 class _HashingTransforms(_StorageWriterTransforms):
@@ -116,11 +160,14 @@ class _HashingTransforms(_StorageWriterTransforms):
     def __init__(self, record: Callable[[MetadataIndex, str, int], None]) -> None:
         super().__init__(())
         self._record = record
+        self.hasher: Executor | None = None
+        """The hashing thread of the write under way (ShardWriter.write_data)."""
 
     def transform_save_stream(
         self, write_item: WriteItem, raw_stream: io.IOBase
     ) -> tuple[IO[bytes], list[str]]:
-        return _HashingItemStream(raw_stream, write_item.index, self._record), []  # type: ignore[arg-type]
+        stream = _HashingItemStream(raw_stream, write_item.index, self._record, self.hasher)  # type: ignore[arg-type]
+        return stream, []
 
 
 class ShardWriter(FileSystemWriter):
@@ -141,8 +188,13 @@ class ShardWriter(FileSystemWriter):
             self._hashed[index] = (sha256, nbytes)
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
-        written = super().write_data(plan, planner)
-        written.wait()
+        with ThreadPoolExecutor(1, thread_name_prefix="truestep-hash") as hasher:
+            self.transforms.hasher = hasher
+            try:
+                written = super().write_data(plan, planner)
+                written.wait()
+            finally:
+                self.transforms.hasher = None
         fault_point("save:mid-shards", step=self.step)
         results: list[WriteResult] = []
         for result in written.value():
