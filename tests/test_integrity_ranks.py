@@ -13,7 +13,9 @@ import torch
 import torch.multiprocessing as mp
 
 from integrity_cases import rank_worker, small_state
-from truestep.checkpoint.catalog import step_dir_name
+from truestep.checkpoint.catalog import manifest_shard_name, step_dir_name
+from truestep.checkpoint.errors import CheckpointContentError
+from truestep.checkpoint.integrity import verification_problem
 from truestep.checkpoint.safe_dcp import load_dcp
 from truestep.checkpoint.verified_read import DigestMismatchError
 
@@ -40,6 +42,26 @@ def test_each_rank_hashes_its_own_shard_and_rank0_reads_none_back(tmp_path):
     assert seen[0]["digested_files"] == ["__0_0.distcp", "__1_0.distcp"]  # gathered to the coordinator
     assert seen[0]["read_back_by_commit"] < seen[0]["own_shard_bytes"] // 20  # .metadata only
     assert seen[1]["read_back_by_commit"] == 0
+    _two_ranks_manifest_shards_swapped_are_caught(tmp_path / "ckpt" / step_dir_name(4))
+
+
+def _two_ranks_manifest_shards_swapped_are_caught(ckpt_dir: Path) -> None:
+    """Each rank committed its own manifest shard; exchanged between the ranks (same sizes: only their
+    digests in manifest.json tell them apart) they fail a full verify, and the resume's reader."""
+    shards = [ckpt_dir / manifest_shard_name(r) for r in range(WORLD)]
+    assert verification_problem(ckpt_dir, checksums=True) is None
+    assert shards[0].stat().st_size == shards[1].stat().st_size
+    first, second = (s.read_bytes() for s in shards)
+    shards[0].write_bytes(second)
+    shards[1].write_bytes(first)
+    assert (verification_problem(ckpt_dir, checksums=True) or "").startswith(
+        "manifest.rank00000.json: SHA-256"
+    )
+    assert verification_problem(ckpt_dir, checksums=True, items_on_read=True) is None  # left to the reader
+    loaded = {f"r{r}": torch.zeros_like(small_state(seed=r)["a"]) for r in range(WORLD)}
+    with pytest.raises(CheckpointContentError, match=r"manifest\.rank0000[01]\.json: SHA-256 does not match"):
+        load_dcp(loaded, ckpt_dir, no_dist=True, check_items=True)
+    assert not any(t.any() for t in loaded.values())  # refused before any item was read
 
 
 def test_a_byte_flipped_in_rank1s_shard_is_found_by_rank1_and_agreed_by_all(tmp_path):

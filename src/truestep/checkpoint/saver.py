@@ -6,9 +6,9 @@ Order inside one save (docs/checkpointing.md):
      overlaps training and runs on its own gloo group, because sharing the default group with FSDP's
      collectives can deadlock;
   3. when DCP has finished on all ranks (its future resolves only after the coordinator gathered every
-     rank's write results and wrote `.metadata`), rank 0 writes manifest.json (version 2: the item
-     digests each rank computed while writing, gathered with the write results; no shard is read back)
-     and then COMMITTED.
+     rank's write results and wrote `.metadata`), rank 0 writes manifest.json (version 3: each rank
+     wrote its own manifest shard of the item digests it computed while writing; rank 0 lists the files
+     and the shards' SHA-256, gathered with the write results; nothing is read back) and then COMMITTED.
 A crash anywhere before 3 completes leaves a directory without a valid marker: never resumed from.
 """
 
@@ -35,7 +35,8 @@ from truestep.checkpoint.catalog import (
     set_aside_step,
     step_dir_name,
 )
-from truestep.checkpoint.manifest import VerifyError, write_manifest_v2, write_marker
+from truestep.checkpoint.manifest import VerifyError, write_marker
+from truestep.checkpoint.manifest_shards import ShardRecord, write_manifest_v3
 from truestep.checkpoint.ownership import marker_identity, newer_own_commit, own_committed
 from truestep.checkpoint.safe_dcp import silence_single_process_saves, single_process
 from truestep.checkpoint.shard_writer import ShardWriter
@@ -238,8 +239,8 @@ class Checkpointer:
             )
 
     @staticmethod
-    def _digests(pending: PendingSave) -> dict[str, list[list[Any]]]:
-        """Every rank's item digests, gathered by DCP to this (the coordinator's) writer."""
+    def _digests(pending: PendingSave) -> list[ShardRecord]:
+        """Every rank's manifest-shard record, gathered by DCP to this (the coordinator's) writer."""
         if pending.writer.digests is None:
             raise RuntimeError(f"not committing {pending.ckpt_dir}: DCP never finished its storage writer")
         return pending.writer.digests
@@ -249,7 +250,7 @@ class Checkpointer:
         if self.cfg.atomic_commit:
             fault_point("save:before-manifest", step=pending.step)
             try:
-                manifest = write_manifest_v2(pending.ckpt_dir, pending.step, self._digests(pending))
+                manifest = write_manifest_v3(pending.ckpt_dir, pending.step, self._digests(pending))
             except VerifyError as err:  # a symlink or FIFO appeared among the files being committed
                 raise RefusedError(
                     f"not committing {pending.ckpt_dir}: {err}; something other than this run writes into "

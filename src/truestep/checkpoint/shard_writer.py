@@ -3,10 +3,11 @@ streams it to disk, never follows a symlink and carries the `save:mid-shards` fa
 
 Each item DCP writes (one tensor chunk or one bytes object, a contiguous byte range of a `.distcp` file)
 passes through `_HashingItemStream` on its way to the file, so its SHA-256 costs no read. DCP fsyncs each
-rank's files on that rank (`sync_files=True`). The digests ride in the rank's write results, which DCP
-gathers to the coordinator anyway; the coordinator's `finish` takes them out again (so `.metadata` is
-exactly what stock DCP writes) and keeps them in `digests` for the manifest (`manifest.write_manifest_v2`).
-Nothing of a shard is read back to commit it.
+rank's files on that rank (`sync_files=True`). Each rank then writes its own manifest shard with those
+digests (`manifest_shards.write_shard`); only a small record of it rides in the rank's write results,
+which DCP gathers to the coordinator anyway; the coordinator's `finish` takes the records out again (so
+`.metadata` is exactly what stock DCP writes) and keeps them in `digests` for rank 0's manifest
+(`manifest_shards.write_manifest_v3`). Nothing of a shard is read back to commit it.
 
 The hash is of exactly the bytes that reach the file, and it runs beside the write, not on the writing
 thread: each write is copied, a cache-sized chunk at a time, into a buffer that only this stream
@@ -24,6 +25,7 @@ import dataclasses
 import hashlib
 import io
 import os
+import re
 import threading
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -40,7 +42,9 @@ from torch.distributed.checkpoint.planner import SavePlan, SavePlanner, WriteIte
 from torch.distributed.checkpoint.storage import WriteResult
 from torch.futures import Future
 
+from truestep.checkpoint.catalog import rank_state_name
 from truestep.checkpoint.hash_counters import count
+from truestep.checkpoint.manifest_shards import ShardRecord, write_shard
 from truestep.core.fsio import open_for_write
 from truestep.faults.hooks import fault_point
 
@@ -54,7 +58,7 @@ _pool = threading.local()
 """Each writing thread's reusable chunk buffers."""
 
 ItemDigests = dict[str, list[list[Any]]]
-"""file name -> [[offset, length, sha256], ...] sorted by offset: the manifest's v2 `items`."""
+"""file name -> [[offset, length, sha256], ...]: the items of one rank's manifest shard."""
 
 
 class _NoFollowFileSystem(FileSystem):
@@ -171,8 +175,9 @@ class _HashingTransforms(_StorageWriterTransforms):
 
 
 class ShardWriter(FileSystemWriter):
-    """FileSystemWriter hashing in the stream (module docstring); `digests` is set on the coordinator
-    once `finish` ran (after every rank's write results were gathered)."""
+    """FileSystemWriter hashing in the stream (module docstring). Each rank writes its manifest shard
+    once its items are written (checkpoint/manifest_shards.py); `digests` is set on the coordinator once
+    `finish` ran (after every rank's write results were gathered)."""
 
     def __init__(self, path: Path, step: int) -> None:
         super().__init__(path, sync_files=True)
@@ -181,7 +186,8 @@ class ShardWriter(FileSystemWriter):
         self.transforms = _HashingTransforms(self._record)
         self._lock = threading.Lock()
         self._hashed: dict[MetadataIndex, tuple[str, int]] = {}
-        self.digests: ItemDigests | None = None
+        self.digests: list[ShardRecord] | None = None
+        """On the coordinator once `finish` ran: every rank's manifest-shard record, for rank 0's commit."""
 
     def _record(self, index: MetadataIndex, sha256: str, nbytes: int) -> None:
         with self._lock:
@@ -196,27 +202,43 @@ class ShardWriter(FileSystemWriter):
             finally:
                 self.transforms.hasher = None
         fault_point("save:mid-shards", step=self.step)
-        results: list[WriteResult] = []
+        rank = _plan_rank(plan)
+        items: ItemDigests = {}
         for result in written.value():
             sha256, nbytes = self._hashed[result.index]
-            if nbytes != result.storage_data.length:  # the stream is not what DCP says it wrote: say so
-                raise RuntimeError(
-                    f"{result.index.fqn}: hashed {nbytes} bytes, DCP recorded {result.storage_data.length}"
-                )
-            results.append(dataclasses.replace(result, storage_data=(result.storage_data, sha256)))
+            info = result.storage_data
+            if nbytes != info.length:  # the stream is not what DCP says it wrote: say so
+                raise RuntimeError(f"{result.index.fqn}: hashed {nbytes} bytes, DCP recorded {info.length}")
+            items.setdefault(info.relative_path, []).append([info.offset, info.length, sha256])
+        record = write_shard(self.path, self.step, rank, items, [rank_state_name(rank)]) if items else None
+        # The record rides to the coordinator with this rank's first write result (DCP gathers them).
+        results = [
+            dataclasses.replace(result, storage_data=(result.storage_data, record if i == 0 else None))
+            for i, result in enumerate(written.value())
+        ]
         done: Future[list[WriteResult]] = Future()
         done.set_result(results)
         return done
 
     def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
-        digests: ItemDigests = {}
+        records: list[ShardRecord] = []
         plain: list[list[WriteResult]] = []
         for rank_results in results:
             plain.append([])
             for result in rank_results:
-                info, sha256 = result.storage_data
+                info, record = result.storage_data
                 assert isinstance(info, _StorageInfo)
-                digests.setdefault(info.relative_path, []).append([info.offset, info.length, sha256])
+                if record is not None:
+                    records.append(record)
                 plain[-1].append(dataclasses.replace(result, storage_data=info))
         super().finish(metadata, plain)
-        self.digests = {name: sorted(items) for name, items in digests.items()}
+        self.digests = records
+
+
+def _plan_rank(plan: SavePlan) -> int:
+    """The rank whose plan this is, as DCP numbers it in the file names it gives (`__{rank}_{n}.distcp`)."""
+    prefix = getattr(plan.storage_data, "prefix", "")
+    match = re.fullmatch(r"__(\d+)_", prefix)
+    if match is None:
+        raise RuntimeError(f"DCP gave this rank's files the prefix {prefix!r}, not __RANK_")
+    return int(match.group(1))
