@@ -32,24 +32,34 @@ def test_any_rectangle_is_that_part_of_the_whole_bit_for_bit(shape: tuple[int, .
         assert torch.equal(part.view(torch.int32), expected.contiguous().view(torch.int32)), (start, size)
 
 
-def test_tiles_depend_on_seed_name_and_place_and_draw_only_what_is_asked(monkeypatch) -> None:
-    shape = (4 * TILE_ROWS, 2 * TILE_COLS)
-    base = blockwise_region(1, "a.weight", shape, 1.0, (0, 0), shape)
-    assert not torch.equal(base, blockwise_region(2, "a.weight", shape, 1.0, (0, 0), shape))
-    assert not torch.equal(base, blockwise_region(1, "b.weight", shape, 1.0, (0, 0), shape))
-    first, second = base[:TILE_ROWS, :TILE_COLS], base[TILE_ROWS : 2 * TILE_ROWS, :TILE_COLS]
-    assert not torch.equal(first, second)  # each tile its own stream
-    assert abs(float(base.std()) - 1.0) < 0.01 and abs(float(base.mean())) < 0.01
-    drawn: list[tuple[int, ...]] = []
-    real = torch.randn
+def test_each_tile_is_a_fresh_generators_draw_and_a_part_draws_only_its_tiles(monkeypatch) -> None:
+    """The scheme's definition: tile (i, j) of parameter p is torch.randn(tile shape) from a new generator
+    seeded with tile_seed(seed, p, i, j), times the std. Reused buffers and generators must not change
+    a bit of it, and a rectangle draws only the tiles it touches."""
+    shape = (2 * TILE_ROWS + 3, TILE_COLS + 7)
+    expected = torch.empty(shape)
+    for i in range(3):
+        for j in range(2):
+            rows, cols = min(TILE_ROWS, shape[0] - i * TILE_ROWS), min(TILE_COLS, shape[1] - j * TILE_COLS)
+            gen = torch.Generator().manual_seed(model_init.tile_seed(1, "a.weight", i, j))
+            block = expected[i * TILE_ROWS : i * TILE_ROWS + rows, j * TILE_COLS : j * TILE_COLS + cols]
+            block.copy_(torch.randn((rows, cols), generator=gen))
+    expected.mul_(0.5)
+    got = blockwise_region(1, "a.weight", shape, 0.5, (0, 0), shape)
+    assert torch.equal(got.view(torch.int32), expected.view(torch.int32))
+    assert not torch.equal(got, blockwise_region(2, "a.weight", shape, 0.5, (0, 0), shape))
+    assert not torch.equal(got, blockwise_region(1, "b.weight", shape, 0.5, (0, 0), shape))
+    assert not torch.equal(got[:TILE_ROWS, :TILE_COLS], got[TILE_ROWS : 2 * TILE_ROWS, :TILE_COLS])
+    big = blockwise_region(
+        1, "a.weight", (64 * TILE_ROWS, TILE_COLS), 1.0, (0, 0), (64 * TILE_ROWS, TILE_COLS)
+    )
+    assert abs(float(big.std()) - 1.0) < 0.01 and abs(float(big.mean())) < 0.01
 
-    def counting(size, **kwargs):
-        drawn.append(tuple(size))
-        return real(size, **kwargs)
-
-    monkeypatch.setattr(model_init.torch, "randn", counting)
+    drawn: list[tuple[int, int]] = []
+    real = model_init.tile_seed
+    monkeypatch.setattr(model_init, "tile_seed", lambda s, n, i, j: drawn.append((i, j)) or real(s, n, i, j))
     blockwise_region(1, "a.weight", shape, 1.0, (TILE_ROWS, 0), (TILE_ROWS, TILE_COLS + 1))
-    assert drawn == [(TILE_ROWS, TILE_COLS), (TILE_ROWS, TILE_COLS)]  # the two tiles it touches, no more
+    assert drawn == [(1, 0), (1, 1)]  # the two tiles it touches, no more
 
 
 def test_the_full_scheme_is_the_old_init_bit_for_bit() -> None:
@@ -109,9 +119,9 @@ def test_a_resume_draws_no_init_and_a_fresh_start_draws_one(tmp_path: Path, monk
 
     import truestep.model.llama as llama
 
-    monkeypatch.setattr(llama, "blockwise_region", no_init)
+    monkeypatch.setattr(llama, "fill_blockwise", no_init)
     monkeypatch.setattr(llama.Transformer, "initial_values", no_init)
-    monkeypatch.setattr(importlib.import_module("truestep.parallel.parallelize"), "blockwise_region", no_init)
+    monkeypatch.setattr(importlib.import_module("truestep.parallel.parallelize"), "fill_blockwise", no_init)
     assert run_in_process(run, "--train.max_steps=4", "--checkpoint.interval=2") == 0
     assert calls == []
     assert loss_bits_by_step(run) == loss_bits_by_step(reference)  # it loaded every parameter

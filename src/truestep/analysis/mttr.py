@@ -32,6 +32,9 @@ class Incident:
     """fault -> first new step."""
     regain_s: float | None
     """fault -> the pre-fault step is reached again."""
+    startup_s: dict[str, float] | None = None
+    """Where the recovering attempt's own start-up went (its `run_start.startup_phases`: import, build,
+    init, verify, load seconds on rank 0); None where it never logged one."""
 
 
 def _first(events: list[dict[str, Any]], after: float | None, key: str = "time") -> float | None:
@@ -91,6 +94,7 @@ def incidents(run: RunLog) -> list[Incident]:
             m for m in run.metrics if m["attempt"] == successor and after is not None and m["time"] >= after
         ]
         t_first = lines[0]["time"] if lines else None
+        began = [e for e in run.named("run_start") if e.get("attempt") == successor and "startup_phases" in e]
         pre = max((m["step"] for m in run.metrics if m["time"] <= t0), default=0)
         regained = next(
             (m["time"] for m in run.metrics if t_first and m["time"] >= t_first and m["step"] >= pre), None
@@ -110,6 +114,7 @@ def incidents(run: RunLog) -> list[Incident]:
                 },
                 mttr_s=_span(t0, t_first),
                 regain_s=_span(t0, regained),
+                startup_s=began[0]["startup_phases"] if began else None,
             )
         )
     return found

@@ -213,6 +213,9 @@ def verify_files(ckpt_dir: Path, checksums: bool, items_on_read: bool = False) -
     listed = manifest.get("files") if isinstance(manifest, dict) else None
     if not isinstance(listed, dict) or not listed:
         raise VerifyError("manifest lists no files")
+    step = step_of(ckpt_dir)
+    if manifest.get("step") != step or isinstance(manifest.get("step"), bool):
+        raise VerifyError(f"manifest records step {manifest.get('step')!r:.40}, the directory says {step}")
     outside = sorted(name for name in listed if not plain_relative_name(name))
     if outside:
         raise VerifyError(f"manifest names paths outside the checkpoint: {', '.join(map(repr, outside[:5]))}")

@@ -57,6 +57,44 @@ def _as_2d(shape: Sequence[int]) -> tuple[int, int]:
     raise ValueError(f"blockwise init knows 1-D and 2-D parameters, not shape {tuple(shape)}")
 
 
+def fill_blockwise(
+    dest: torch.Tensor,
+    seed: int,
+    name: str,
+    shape: Sequence[int],
+    std: float | None,
+    offset: Sequence[int],
+) -> None:
+    """Write into `dest` (any device, in place) the initial values of the rectangle of parameter `name`
+    (global `shape`) that starts at `offset` and has `dest`'s shape, drawn from the tiles it touches only
+    (module docstring). Each tile is drawn whole on the CPU into one reused buffer by one reused generator
+    (reseeding it is drawing from a fresh one: the bits are those of `torch.randn(tile, generator)`), and
+    its part inside the rectangle copied to `dest`; the scale is applied once, in place, at the end."""
+    if std is None:
+        dest.fill_(1.0)
+        return
+    rows, cols = _as_2d(shape)
+    view = dest.view(1, -1) if len(shape) == 1 else dest
+    r0, c0 = (0, int(offset[0])) if len(shape) == 1 else (int(offset[0]), int(offset[1]))
+    nr, nc = view.shape
+    if nr == 0 or nc == 0:
+        return
+    gen = torch.Generator(device="cpu")
+    buffer = torch.empty(TILE_ROWS * TILE_COLS, dtype=torch.float32)
+    for tr in range(r0 // TILE_ROWS, (r0 + nr - 1) // TILE_ROWS + 1):
+        t_r0 = tr * TILE_ROWS
+        t_rows = min(TILE_ROWS, rows - t_r0)
+        a, b = max(r0, t_r0), min(r0 + nr, t_r0 + t_rows)
+        for tc in range(c0 // TILE_COLS, (c0 + nc - 1) // TILE_COLS + 1):
+            t_c0 = tc * TILE_COLS
+            t_cols = min(TILE_COLS, cols - t_c0)
+            c, d = max(c0, t_c0), min(c0 + nc, t_c0 + t_cols)
+            tile = buffer[: t_rows * t_cols].view(t_rows, t_cols)
+            tile.normal_(generator=gen.manual_seed(tile_seed(seed, name, tr, tc)))
+            view[a - r0 : b - r0, c - c0 : d - c0].copy_(tile[a - t_r0 : b - t_r0, c - t_c0 : d - t_c0])
+    dest.mul_(std)
+
+
 def blockwise_region(
     seed: int,
     name: str,
@@ -66,25 +104,7 @@ def blockwise_region(
     size: Sequence[int],
 ) -> torch.Tensor:
     """The initial values (fp32, CPU) of the rectangle `offset`..`offset + size` of parameter `name`
-    whose global shape is `shape`, drawn from the tiles it touches only (module docstring)."""
-    if std is None:
-        return torch.ones(tuple(size), dtype=torch.float32)
-    rows, cols = _as_2d(shape)
-    (r0, c0), (nr, nc) = (
-        ((0, int(offset[0])), (1, int(size[0]))) if len(shape) == 1 else (tuple(offset), tuple(size))
-    )
-    out = torch.empty((nr, nc), dtype=torch.float32)
-    if nr == 0 or nc == 0:
-        return out.view(tuple(size))
-    for tr in range(r0 // TILE_ROWS, (r0 + nr - 1) // TILE_ROWS + 1):
-        t_r0 = tr * TILE_ROWS
-        t_rows = min(TILE_ROWS, rows - t_r0)
-        for tc in range(c0 // TILE_COLS, (c0 + nc - 1) // TILE_COLS + 1):
-            t_c0 = tc * TILE_COLS
-            t_cols = min(TILE_COLS, cols - t_c0)
-            gen = torch.Generator(device="cpu").manual_seed(tile_seed(seed, name, tr, tc))
-            tile = torch.randn((t_rows, t_cols), generator=gen, dtype=torch.float32)
-            a, b = max(r0, t_r0), min(r0 + nr, t_r0 + t_rows)
-            c, d = max(c0, t_c0), min(c0 + nc, t_c0 + t_cols)
-            out[a - r0 : b - r0, c - c0 : d - c0] = tile[a - t_r0 : b - t_r0, c - t_c0 : d - t_c0]
-    return out.mul_(std).view(tuple(size))
+    whose global shape is `shape` (`fill_blockwise` into a new tensor)."""
+    out = torch.empty(tuple(size), dtype=torch.float32)
+    fill_blockwise(out, seed, name, shape, std, offset)
+    return out

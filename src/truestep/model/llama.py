@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from truestep.config.schema import ModelConfig
-from truestep.model.init import INIT_SCHEMES, blockwise_region, param_std
+from truestep.model.init import INIT_SCHEMES, fill_blockwise, param_std
 from truestep.model.kv_cache import KVCache, LayerKV
 from truestep.model.rope import apply_rope, head_dim, rope_tables_for
 
@@ -157,8 +157,7 @@ class Transformer(nn.Module):
                 param.copy_(values)
         elif scheme == "blockwise":
             for name, param in self.named_parameters():
-                std = param_std(name, self.cfg)
-                param.copy_(blockwise_region(seed, name, param.shape, std, [0] * param.dim(), param.shape))
+                fill_blockwise(param, seed, name, param.shape, param_std(name, self.cfg), [0] * param.dim())
         else:
             raise ValueError(f"unknown init scheme {scheme!r}; expected one of {', '.join(INIT_SCHEMES)}")
         self.init_buffers()

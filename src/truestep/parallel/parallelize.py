@@ -23,7 +23,7 @@ from torch.distributed.tensor._utils import compute_local_shape_and_global_offse
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
 from truestep.config.schema import JobConfig
-from truestep.model.init import INIT_SCHEMES, blockwise_region, param_std
+from truestep.model.init import INIT_SCHEMES, fill_blockwise, param_std
 from truestep.model.llama import Transformer
 from truestep.parallel.dist import DistContext
 
@@ -122,8 +122,7 @@ def init_parameters(model: nn.Module, seed: int, scheme: str = "blockwise") -> N
         for name, param in transformer.named_parameters():
             std = param_std(name, transformer.cfg)
             local, offset = _local_region(param)
-            values = blockwise_region(seed, name, param.shape, std, offset, local.shape)
-            local.copy_(values.to(local.device))
+            fill_blockwise(local, seed, name, param.shape, std, offset)
     else:
         raise ValueError(f"unknown init scheme {scheme!r}; expected one of {', '.join(INIT_SCHEMES)}")
     transformer.init_buffers()

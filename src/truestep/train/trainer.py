@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -211,9 +212,12 @@ class Trainer:
     # --- what a checkpoint saves and loads (checkpoint.state.Checkpointable) ------------------------
 
     def dcp_state_dict(self, with_optimizer: bool) -> dict[str, Any]:
-        state: dict[str, Any] = {"model": get_model_state_dict(self.model)}
-        if with_optimizer:
-            state["optim"] = get_optimizer_state_dict(self.model, self.optimizer)
+        # Before any weights are set, this is a restore's call: the optimizer state it materializes for the
+        # load (a zero-gradient step) is part of the start-up's load phase.
+        with startup.timed("load") if not self.weights_set else nullcontext():
+            state: dict[str, Any] = {"model": get_model_state_dict(self.model)}
+            if with_optimizer:
+                state["optim"] = get_optimizer_state_dict(self.model, self.optimizer)
         return state
 
     def load_dcp_state_dict(self, state: dict[str, Any]) -> None:
