@@ -21,9 +21,12 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
 
 import torch
+from torch.overrides import TorchFunctionMode
 
 from truestep.config.schema import ModelConfig
 
@@ -32,6 +35,36 @@ TILE_ROWS = 16
 """Rows of one tile. Part of the scheme: changing it changes every blockwise-initialized model."""
 TILE_COLS = 1024
 """Columns of one tile (16 x 1024 values: ~0.2 ms to draw, so the per-tile seeding is a few %)."""
+
+
+class _NoInitOnMeta(TorchFunctionMode):
+    """Skips the in-place random and constant fills that module constructors run (nn.Linear's
+    kaiming_uniform_, nn.Embedding's normal_) when their tensor is on the meta device: there they change
+    nothing, yet the first one imports torch's Python decompositions (~0.5 s idle, seconds on a busy
+    machine), a constant in every Trainer build that a resume would pay for values it never uses."""
+
+    SKIPPED = frozenset(
+        {"normal_", "uniform_", "kaiming_uniform_", "kaiming_normal_", "trunc_normal_", "fill_", "zero_"}
+    )
+    """In-place fills, as tensor methods and as `torch.nn.init` functions (which dispatch here too)."""
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        first = args[0] if args else kwargs.get("tensor")  # nn.init passes it by keyword
+        if (
+            getattr(func, "__name__", "") in self.SKIPPED
+            and isinstance(first, torch.Tensor)
+            and first.is_meta
+        ):
+            return first
+        return func(*args, **kwargs)
+
+
+@contextmanager
+def on_meta() -> Iterator[None]:
+    """Build modules on the meta device (shapes only, no storage) without running their initializers."""
+    with torch.device("meta"), _NoInitOnMeta():
+        yield
 
 
 def param_std(name: str, cfg: ModelConfig) -> float | None:

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from truestep.config.schema import ModelConfig
-from truestep.model.init import INIT_SCHEMES, fill_blockwise, param_std
+from truestep.model.init import INIT_SCHEMES, fill_blockwise, on_meta, param_std
 from truestep.model.kv_cache import KVCache, LayerKV
 from truestep.model.rope import apply_rope, head_dim, rope_tables_for
 
@@ -118,7 +118,10 @@ class Transformer(nn.Module):
         self.output = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:
             self.output.weight = self.tok_embeddings.weight
-        cos, sin = rope_tables_for(cfg)
+        if torch.empty(0).is_meta:  # built on the meta device: the tables are computed once allocated
+            cos, sin = (torch.empty(cfg.max_seq_len, head_dim(cfg)) for _ in range(2))  # (init_buffers)
+        else:
+            cos, sin = rope_tables_for(cfg)
         # Non-persistent: derived from the config, never checkpointed.
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
@@ -182,6 +185,6 @@ class Transformer(nn.Module):
 
 def count_parameters(cfg: ModelConfig) -> int:
     """Parameter count on the meta device: nothing is allocated, so 70B presets are cheap."""
-    with torch.device("meta"):
+    with on_meta():
         model = Transformer(cfg)
     return sum(p.numel() for p in model.parameters())

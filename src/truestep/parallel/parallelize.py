@@ -23,7 +23,7 @@ from torch.distributed.tensor._utils import compute_local_shape_and_global_offse
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
 from truestep.config.schema import JobConfig
-from truestep.model.init import INIT_SCHEMES, fill_blockwise, param_std
+from truestep.model.init import INIT_SCHEMES, fill_blockwise, on_meta, param_std
 from truestep.model.llama import Transformer
 from truestep.parallel.dist import DistContext
 
@@ -150,7 +150,7 @@ def build_model(ctx: DistContext, cfg: JobConfig, initialize: bool = True) -> nn
     first and shards it after (the older path, kept for benchmarks/init_memory.py)."""
     seed, scheme = cfg.train.seed, cfg.train.init_scheme
     if not cfg.parallel.meta_init:
-        with torch.device("meta"):
+        with on_meta():
             model = Transformer(cfg.model)
         model.to_empty(device="cpu")  # the whole model, without nn.Linear's own (discarded) random init
         if initialize:
@@ -158,7 +158,7 @@ def build_model(ctx: DistContext, cfg: JobConfig, initialize: bool = True) -> nn
         else:
             model.init_buffers()
         return parallelize(model, ctx, cfg)
-    with torch.device("meta"):
+    with on_meta():
         model = Transformer(cfg.model)
     sharded = parallelize(model, ctx, cfg)
     if initialize:
