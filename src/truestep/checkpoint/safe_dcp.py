@@ -49,7 +49,7 @@ from torch.futures import Future
 from truestep.checkpoint.catalog import DCP_METADATA
 from truestep.checkpoint.dcp_checks import MetadataProblem, check_metadata
 from truestep.checkpoint.errors import CheckpointContentError, TensorMismatchError
-from truestep.checkpoint.verified_read import stream_verified
+from truestep.checkpoint.verified_read import BufferReader, stream_verified
 from truestep.core.errors import TruestepError, causes
 from truestep.core.fsio import OversizeFileError, UnsafePathError, open_regular, plain_file_name, read_regular
 from truestep.telemetry import startup
@@ -193,9 +193,9 @@ class SafeFileSystemReader(FileSystemReader):
             for name, items in per_file.items()
         }
 
-        def consume(index: Any, data: bytes) -> None:
+        def consume(index: Any, data: memoryview) -> None:
             for item in readers[index]:
-                self._load_item(io.BytesIO(data), item, planner)
+                self._load_item(BufferReader(data), item, planner)
 
         stream_verified(Path(self.path), ranges, consume)
 

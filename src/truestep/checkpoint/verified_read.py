@@ -2,7 +2,7 @@
 digest: a verified load streams, at about the speed of a plain one.
 
 Per file, in file order, three stages overlap: a reader thread reads the next items (each once, a few
-items ahead: memory is bounded by those, not by this rank's share of the checkpoint), a hashing thread
+items ahead, into reused buffers: memory is bounded by those, not by this rank's share), a hashing thread
 hashes each item as soon as it is read (hashlib releases the GIL), and the calling thread waits for an
 item's digest, compares it, and only then deserializes the item into its target (`consume`). So no byte
 that failed its hash is ever deserialized or copied anywhere.
@@ -19,7 +19,9 @@ RNG); a Trainer refuses to step on weights neither initialized nor loaded whole.
 from __future__ import annotations
 
 import hashlib
+import io
 import os
+import queue
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -45,19 +47,48 @@ def _rank() -> int:
     return dist.get_rank() if dist.is_initialized() else 0
 
 
-def _read(fd: int, offset: int, length: int) -> bytes:
-    """`length` bytes at `offset` (fewer only at the end of the file); no shared file position."""
-    parts: list[bytes] = []
-    while length:
-        part = os.pread(fd, length, offset)
-        if not part:
+def _read_into(fd: int, buffer: memoryview, offset: int) -> int:
+    """Fill `buffer` from `offset` (less only at the end of the file); no shared file position."""
+    done = 0
+    while done < buffer.nbytes:
+        got = os.preadv(fd, [buffer[done:]], offset + done)
+        if not got:
             break
-        parts.append(part)
-        offset, length = offset + len(part), length - len(part)
-    return parts[0] if len(parts) == 1 else b"".join(parts)
+        done += got
+    return done
 
 
-def _sha256(data: bytes) -> str:
+class BufferReader(io.RawIOBase):
+    """A read-only file over bytes in memory without copying them (io.BytesIO copies a bytearray), for
+    torch.load and DCP's byte items."""
+
+    def __init__(self, data: memoryview) -> None:
+        super().__init__()
+        self._data = data
+        self._pos = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._data.nbytes}[whence]
+        self._pos = max(0, base + offset)
+        return self._pos
+
+    def readinto(self, into: Any) -> int:
+        taken = self._data[self._pos : self._pos + memoryview(into).nbytes]
+        memoryview(into).cast("B")[: taken.nbytes] = taken
+        self._pos += taken.nbytes
+        return taken.nbytes
+
+
+def _sha256(data: memoryview) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
@@ -73,7 +104,7 @@ def _stream_file(
     name: str,
     ranges: list[tuple[Any, int, int]],
     expected: dict[tuple[int, int], str] | None,
-    consume: Callable[[Any, bytes], None],
+    consume: Callable[[Any, memoryview], None],
     reader: ThreadPoolExecutor,
     hasher: ThreadPoolExecutor,
 ) -> None:
@@ -91,27 +122,39 @@ def _stream_file(
     except UnsafePathError as err:
         raise CheckpointContentError(f"storage file {name}: {err.strerror}") from None
 
-    def read_and_hash(offset: int, length: int) -> tuple[bytes, Future[str] | None]:
-        data = _read(fd, offset, length)
-        return data, hasher.submit(_sha256, data) if expected is not None else None
+    # AHEAD reads in flight and one item being consumed each hold a buffer; a buffer is reused (no fresh
+    # pages to fault in and zero per item) once the item in it was consumed.
+    free: queue.SimpleQueue[bytearray] = queue.SimpleQueue()
+    for _ in range(AHEAD + 1):
+        free.put(bytearray())
 
-    ahead: deque[Future[tuple[bytes, Future[str] | None]]] = deque()
+    def read_and_hash(offset: int, length: int) -> tuple[bytearray, memoryview, Future[str] | None]:
+        buffer = free.get()
+        if len(buffer) < length:
+            buffer = bytearray(length)
+        data = memoryview(buffer)[:length]
+        data = data[: _read_into(fd, data, offset)]
+        return buffer, data, hasher.submit(_sha256, data) if expected is not None else None
+
+    ahead: deque[Future[tuple[bytearray, memoryview, Future[str] | None]]] = deque()
     try:
         for _, offset, length in ordered[:AHEAD]:
             ahead.append(reader.submit(read_and_hash, offset, length))
         for position, (index, offset, length) in enumerate(ordered):
-            data, digest = ahead.popleft().result()
+            buffer, data, digest = ahead.popleft().result()
             if position + AHEAD < len(ordered):
                 _, next_offset, next_length = ordered[position + AHEAD]
                 ahead.append(reader.submit(read_and_hash, next_offset, next_length))
             if expected is not None:
-                if len(data) != length:
+                if data.nbytes != length:
                     raise _mismatch(name, offset, length, f"{index.fqn}: short read")
                 assert digest is not None
-                count("while_reading", len(data))
+                count("while_reading", data.nbytes)
                 if digest.result() != expected[(offset, length)]:
                     raise _mismatch(name, offset, length, index.fqn)
             consume(index, data)  # only now: its bytes are the ones its writer hashed
+            data.release()
+            free.put(buffer)
     finally:
         for pending in ahead:  # a failure mid-file: no read may still use the descriptor once closed
             if not pending.cancel():
@@ -122,9 +165,9 @@ def _stream_file(
 def stream_verified(
     ckpt_dir: Path,
     per_file: dict[str, list[tuple[Any, int, int]]],
-    consume: Callable[[Any, bytes], None],
+    consume: Callable[[Any, memoryview], None],
 ) -> None:
-    """Hand `consume(storage index, bytes)` every item this rank loads, each once its SHA-256 matched its
+    """Hand `consume(storage index, its bytes)` (a view valid during the call) every item this rank loads, each once its SHA-256 matched its
     writer's digest (module docstring). `per_file`: file name -> (storage index, offset, length) of each
     item. Raises DigestMismatchError (or another CheckpointContentError) at the first bad item; the items
     consumed before it stay consumed: the caller must not use the targets then."""
