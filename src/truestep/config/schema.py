@@ -204,7 +204,7 @@ class CheckpointConfig:
     """Initial weights (a truestep checkpoint directory) for a fresh run; ignored when resuming."""
     verify_restored_digest: bool = True
     """Mechanism switch: after a restore into the layout that saved the checkpoint, the parameter digest of
-    the restored model must equal the one recorded at save (events.jsonl, checkpoint_save); a mismatch
+    the restored model must equal the one the save recorded in the checkpoint (its save.json); a mismatch
     is a failed restore (quarantined, the next older checkpoint is tried). Costs one SHA-256 pass over
     the local parameter shards per restore."""
     emulate_unstaged_async_save: bool = False
@@ -295,6 +295,22 @@ class ResilienceConfig:
     a changed layout): the largest |loss difference| of a replayed step that still counts as the same
     trajectory (e.g. the floor measured by `truestep experiment`). 0 = none: the deviation is reported
     without a verdict (resume_unverified)."""
+    snapshot_every_steps: int = 0
+    """Mechanism switch, 0 = off (the default): every this many steps each rank copies its whole
+    trajectory state (parameter and optimizer shards, RNG streams, data position, counters) into host
+    memory in the background, and a copy reaches snapshot_replicas buddy ranks; a failed rank is then
+    restored from its buddy's memory and the survivors from their own, losing at most this many steps
+    (checkpoint/memory/, docs/resilience.md). Off by default because it costs host memory:
+    2 x (1 + snapshot_replicas) x the rank's state (double-buffered), checked at start."""
+    snapshot_replicas: int = 1
+    """How many buddy ranks hold a copy of each rank's snapshot (on another node when there are several);
+    capped at world_size - 1. A rank and all its buddies lost together recover from disk."""
+    snapshot_dir: str = ""
+    """Where snapshots live in host memory: a tmpfs directory ("" = /dev/shm/truestep-snapshots). Each
+    host's part is its own (the host name is in the path)."""
+    snapshot_memory_fraction: float = 0.5
+    """Refuse at start (exit 2) when the snapshots would need more than this fraction of the host memory
+    available to them (the free space of snapshot_dir's filesystem and MemAvailable, the smaller)."""
 
     def signal_names(self) -> list[str]:
         """`signals` split into names (checked against PREEMPTION_SIGNALS by config.validate)."""

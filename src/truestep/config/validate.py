@@ -181,6 +181,15 @@ def validate(cfg: JobConfig) -> None:
     )
     _require(r.nan_rollback_after >= 0, "resilience.nan_rollback_after must be >= 0 (0 = never roll back)")
     _require(
+        r.snapshot_every_steps >= 0 and r.snapshot_replicas >= 1,
+        f"resilience.snapshot_every_steps={r.snapshot_every_steps} must be >= 0 (0 = off) and "
+        f"resilience.snapshot_replicas={r.snapshot_replicas} >= 1",
+    )
+    _require(
+        math.isfinite(r.snapshot_memory_fraction) and 0 < r.snapshot_memory_fraction <= 1,
+        f"resilience.snapshot_memory_fraction={r.snapshot_memory_fraction} must be in (0, 1]",
+    )
+    _require(
         1 <= r.requeue_exit_code <= 254
         and not {r.requeue_exit_code, r.requeue_exit_code + 1} & RESERVED_EXIT_CODES,
         f"resilience.requeue_exit_code={r.requeue_exit_code} must be in [1, 254], and neither it nor it + 1 (the "

@@ -45,6 +45,25 @@ def attempt_config_path(run_dir: Path, attempt: int, node: int) -> Path:
     return run_dir / ATTEMPTS_DIR / f"attempt{attempt:05d}-node{node}.toml"
 
 
+# ---------------------------------------------------------------- host memory (resilience.snapshot_*)
+SNAPSHOT_ROOT_DEFAULT = "/dev/shm/truestep-snapshots"
+"""Where in-memory snapshots live when resilience.snapshot_dir is not set: tmpfs, i.e. host memory that
+outlives a rank's process but not its host (checkpoint/memory/)."""
+SNAPSHOT_HOLDER_DIR = "rank{rank:05d}"
+"""One rank's snapshot memory on its host: its own copies and the copies it holds for its peers."""
+
+
+def snapshot_host_dir(root: Path, run_id: str, host: str) -> Path:
+    """This host's snapshot memory of the run `run_id` (a host's memory is its own: the host name is part
+    of the path, so nodes that share a filesystem, as in the namespace test cluster, share nothing)."""
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in host).strip(".") or "host"
+    return root / run_id / safe
+
+
+def snapshot_holder_dir(root: Path, run_id: str, host: str, rank: int) -> Path:
+    return snapshot_host_dir(root, run_id, host) / SNAPSHOT_HOLDER_DIR.format(rank=rank)
+
+
 # ---------------------------------------------------------------- environment
 ENV_FAULTS = "TRUESTEP_FAULTS"
 """';'-separated fault specs armed in every rank (docs/faults.md)."""

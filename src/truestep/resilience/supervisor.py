@@ -38,6 +38,7 @@ from truestep.faults.hooks import fault_point
 from truestep.faults.hooks import set_context as set_fault_context
 from truestep.faults.spec import parse_faults
 from truestep.resilience.lease import RunDirLease
+from truestep.resilience.memory_loss import forget_memory
 from truestep.resilience.nodes import JobNodes
 from truestep.resilience.standby import StandbyPool
 from truestep.resilience.watch import AttemptEnd, AttemptWatch, Failure, Rank, rank_exits
@@ -263,6 +264,16 @@ class Supervisor:
         )  # fmt: skip
         return code
 
+    def _memory_lost(self, failure: Failure) -> None:
+        """The failed ranks' snapshot memory goes with them (resilience/memory_loss.py)."""
+        try:
+            forgotten = forget_memory(self.cfg.resilience, self.run_dir, failure)
+        except (OSError, TruestepError) as err:  # the next attempt would restore them from their own: say so
+            self.events.write({"event": "memory_loss_failed", "attempt": self.attempt, "error": str(err)})
+            return
+        if forgotten:
+            self.events.write({"event": "memory_lost", "attempt": self.attempt, "ranks": forgotten})
+
     def _failure_detected(self, failure: Failure, detected: float) -> None:
         self.events.write(
             {
@@ -318,6 +329,8 @@ class Supervisor:
                         "teardown_s": time.time() - detected,
                     }
                 )
+                if end.failure is not None:
+                    self._memory_lost(end.failure)
                 if end.failure is not None and end.failure.kind != "node_lost":
                     end = self._before_restart(end, since)
             else:

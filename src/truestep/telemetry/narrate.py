@@ -148,6 +148,24 @@ def _restore(n: Narrator, r: dict[str, Any]) -> str:
     )
 
 
+def _memory_restore(n: Narrator, r: dict[str, Any]) -> str:
+    n.restored_at = float(r.get("time", 0.0))
+    buddies = r.get("from_buddies") or []
+    sources = r.get("sources") or {}
+    who = ", ".join(f"rank {b} from rank {sources.get(str(b))}'s copy" for b in buddies) or "none"
+    lost = r.get("steps_lost")
+    lost_words = f"; {lost} step(s) lost" if isinstance(lost, int) else ""
+    return (
+        f"restored step {r.get('step')} from memory (replaced ranks: {who}; the others their own; every "
+        f"copy's SHA-256 and the model's digest checked) in {r.get('restore_s', 0.0):.1f} s{lost_words}"
+    )
+
+
+def _memory_lost(n: Narrator, r: dict[str, Any]) -> str:
+    ranks = ", ".join(map(str, r.get("ranks", [])))
+    return f"the snapshot memory of rank(s) {ranks} is lost with them: a buddy's copy (or the disk) restores them"
+
+
 def _nan_rollback(n: Narrator, r: dict[str, Any]) -> str:
     return f"rolled back to step {r.get('to_step')} after {r.get('after_consecutive')} non-finite steps"
 
@@ -206,6 +224,8 @@ LINES: dict[str, Callable[[Narrator, dict[str, Any]], str | None]] = {
     "checkpoint_quarantined": _quarantined,
     "checkpoint_verified": _verified,
     "checkpoint_restore": _restore,
+    "memory_restore": _memory_restore,
+    "memory_lost": _memory_lost,
     "nan_rollback": _nan_rollback,
     "attempt_start": _attempt_start,
     "standby_handoff": _handoff,

@@ -27,3 +27,31 @@ class TensorBoardWriter:
 
     def close(self) -> None:
         self.writer.close()
+
+
+class TensorBoardSink:
+    """The run's TensorBoard output, shared by the hooks that write scalars (metrics, the resume
+    self-check) without either holding the other: opened once, at the step the run starts from."""
+
+    def __init__(self, log_dir: Path, enabled: bool) -> None:
+        self.log_dir = log_dir
+        self.enabled = enabled
+        self.writer: TensorBoardWriter | None = None
+
+    def open(self, start_step: int) -> None:
+        """Idempotent: the first caller opens the writer."""
+        if self.enabled and self.writer is None:
+            self.writer = TensorBoardWriter(self.log_dir, start_step)
+
+    def scalars(self, step: int, fields: dict[str, float]) -> None:
+        if self.writer is not None:
+            self.writer.scalars(step, fields)
+
+    def scalar(self, tag: str, value: float, step: int) -> None:
+        if self.writer is not None:
+            self.writer.scalar(tag, value, step)
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+            self.writer = None

@@ -26,7 +26,11 @@ from pathlib import Path
 
 import torch
 
+from truestep.checkpoint.catalog import run_checkpoint_root
+from truestep.checkpoint.mechanisms import choose
+from truestep.checkpoint.ownership import current_run_id
 from truestep.checkpoint.resolver import decide_on_rank0
+from truestep.checkpoint.saver import Checkpointer
 from truestep.config.schema import JobConfig
 from truestep.core.errors import (
     ExitCode,
@@ -38,6 +42,7 @@ from truestep.core.errors import (
 )
 from truestep.core.fsio import make_dir
 from truestep.core.launch import Launch
+from truestep.core.names import TENSORBOARD_DIR
 from truestep.core.rundir import check_run_dir
 from truestep.core.status import RankStatus, StopReason
 from truestep.faults.hooks import set_context as set_fault_context
@@ -48,6 +53,7 @@ from truestep.resilience.heartbeat import Heartbeat
 from truestep.resilience.lease import RunDirLease
 from truestep.telemetry.narrate import Narrator
 from truestep.telemetry.run_logs import RunLogs
+from truestep.telemetry.tensorboard import TensorBoardSink
 from truestep.train.hooks import (
     CheckpointHook,
     CollectiveTimeoutHook,
@@ -55,39 +61,34 @@ from truestep.train.hooks import (
     MetricsHook,
     NanGuardHook,
     PreemptionHook,
-    ResumeCheckHook,
-    WitnessHook,
 )
+from truestep.train.hooks.snapshot import SnapshotHook
 from truestep.train.loop import train_loop
+from truestep.train.memory import MemoryPath
+from truestep.train.restorer import Restorer
+from truestep.train.selfcheck import SelfCheckHook, StopWitnessHook
 from truestep.train.trainer import Trainer
 
 BUSY = -1
 
 
-def build_hooks(attempt: Attempt) -> list[Hook]:
-    """In call order. The resume self-check first, so that a diverged resume stops before the checkpoint
-    hook saves it (its on_start does nothing); then checkpoints: its on_start restores the state the
-    others report."""
-    checkpoints = CheckpointHook(attempt.fence, attempt.number)
-    metrics = MetricsHook()
-    witness = WitnessHook(
-        metrics, lambda: checkpoints.restore_facts.get("layout_changed", False)
-    )  # after checkpoints: it reads the restored state, witnesses the saved one
-    resume_check = ResumeCheckHook(
-        metrics,
-        lambda: checkpoints.restore_facts.get("layout_changed", False),
-        lambda: witness.active,
-        lambda: checkpoints.restore_facts.get("restored_digest", ""),
-    )
-    return [
-        resume_check,
-        checkpoints,
-        witness,
+def build_hooks(
+    checkpointer: Checkpointer, tensorboard: TensorBoardSink, memory: MemoryPath | None = None
+) -> list[Hook]:
+    """One hook per mechanism; the loop runs them in their `Slot` order (train/hooks/base.py). Hooks that
+    share an output share the object (the TensorBoard sink), never each other."""
+    hooks: list[Hook] = [
+        SelfCheckHook(tensorboard),
+        CheckpointHook(checkpointer),
+        StopWitnessHook(),
         CollectiveTimeoutHook(),
-        metrics,
-        NanGuardHook(checkpoints),
+        MetricsHook(tensorboard),
+        NanGuardHook(),
         PreemptionHook(),
     ]
+    if memory is not None:
+        hooks.append(SnapshotHook(memory))
+    return hooks
 
 
 def exit_code(cfg: JobConfig, stop_reason: StopReason | None) -> int:
@@ -180,8 +181,7 @@ def run_training(cfg: JobConfig, launch: Launch, status: RankStatus, attempt: At
                 heartbeat.start()
         elif ctx.is_main:
             check_run_dir(Path(cfg.run.dir))  # the supervisor checked too; files can appear since
-        hooks = build_hooks(attempt)
-        code = _train(cfg, ctx, status, attempt, rendezvous, hooks, launch.supervised)
+        code = _train(cfg, ctx, status, attempt, rendezvous, hooks, launch)
     except BaseException as err:  # noqa: BLE001 - classified below; a bug is re-raised untouched
         failure = failure_of(err)
         if failure is None:
@@ -220,12 +220,14 @@ def _train(
     attempt: Attempt,
     rendezvous: dict[str, float],
     hooks: list[Hook],
-    launch_supervised: bool,
+    launch: Launch,
 ) -> int:
+    """Build the trainer, its checkpointing and its hooks (appended to `hooks`, which the caller closes
+    whatever happens), run the loop, return the exit code its stop reason says."""
     run_dir = Path(cfg.run.dir)
     narrator = Narrator(
         "truestep train",
-        says_exit=not launch_supervised,
+        says_exit=not launch.supervised,
         requeue_code=cfg.resilience.requeue_exit_code,
         enabled=cfg.metrics.narrate,
     )
@@ -233,7 +235,25 @@ def _train(
     logs.event("rendezvous", **rendezvous)  # process group and mesh up: a phase of MTTR
     try:
         trainer = Trainer(cfg, ctx, logs, status)
-        train_loop(trainer, hooks)
+        run_id = current_run_id(run_dir)
+        mechanisms = choose(cfg.checkpoint)  # the ablation variants, chosen once for this rank
+        checkpointer = Checkpointer(
+            run_checkpoint_root(run_dir, cfg.checkpoint.dir),
+            cfg.checkpoint,
+            ctx,
+            logs,
+            trainer.trajectory_keys,
+            attempt.fence,
+            attempt.number,
+            run_id,
+            mechanisms,
+        )
+        memory = None
+        if cfg.resilience.snapshot_every_steps and run_id:  # a run without a lease has no memory to name
+            memory = MemoryPath(trainer, run_id, launch.local_world_size)
+        tensorboard = TensorBoardSink(run_dir / TENSORBOARD_DIR, ctx.is_main and cfg.metrics.tensorboard)
+        hooks.extend(build_hooks(checkpointer, tensorboard, memory))
+        train_loop(trainer, hooks, Restorer(trainer, checkpointer, mechanisms, memory))
     except TruestepError as err:
         logs.event("run_refused", error=type(err).__name__, message=str(err), exit_code=int(err.exit_code))
         raise

@@ -1,7 +1,8 @@
 """The Trainer: everything one rank holds (model, optimizer, data, counters) and the step itself.
 
 It is also what a checkpoint saves and loads (checkpoint.state.Checkpointable): DCP-able weights and
-optimizer state, and a JSON-safe RankState. Nothing outside reaches into it to set fields.
+optimizer state, and a JSON-safe RankState. Nothing outside reaches into it to set fields: hooks see it
+through a StepView (train/view.py), the restorer through Checkpointable.
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ import truestep
 from truestep.checkpoint.catalog import committed_dirs, run_checkpoint_root
 from truestep.checkpoint.init_from import precheck_init_from
 from truestep.checkpoint.resolver import ResumeError
-from truestep.checkpoint.state import RankState, RngPolicy
+from truestep.checkpoint.restored import RngPolicy
+from truestep.checkpoint.state import RankState
 from truestep.config.errors import ConfigError
 from truestep.config.fingerprint import fingerprint, trajectory_keys
 from truestep.config.load import to_toml
@@ -42,6 +44,7 @@ from truestep.faults.hooks import poison_loss
 from truestep.parallel.dist import DistContext
 from truestep.parallel.grad_norm import clip_grad_norm
 from truestep.parallel.parallelize import build_model, init_parameters
+from truestep.telemetry.digest import param_digest
 from truestep.telemetry.run_logs import RunLogs
 from truestep.train.emulation import GradientNoise, RestoreError
 from truestep.train.optimizer import build_optimizer, set_lr
@@ -219,6 +222,10 @@ class Trainer:
         self.state = TrainState()
         self.loader.load_state_dict(self.initial_data_position)
         seed_streams(self.cfg.train.seed, self.ctx.dp_rank, step=0)
+
+    def param_digest(self) -> str:
+        """Collective: the digest of the parameters as they are now."""
+        return param_digest(self.model, self.ctx)
 
     def rank_state(self) -> RankState:
         return RankState(asdict(self.state), self.loader.state_dict(), capture_rng())

@@ -7,67 +7,64 @@ import time
 from dataclasses import asdict
 from typing import TYPE_CHECKING
 
-from truestep.core.names import TENSORBOARD_DIR
 from truestep.core.status import StopReason
 from truestep.telemetry.digest import param_digest
 from truestep.telemetry.progress import Progress
-from truestep.telemetry.tensorboard import TensorBoardWriter
-from truestep.train.hooks.base import Hook
+from truestep.telemetry.tensorboard import TensorBoardSink
+from truestep.train.hooks.base import Hook, Slot
 
 if TYPE_CHECKING:
-    from truestep.train.trainer import StepResult, Trainer
+    from truestep.train.restorer import Start
+    from truestep.train.trainer import StepResult
+    from truestep.train.view import StepView
 
 
-def step_fields(trainer: Trainer, result: StepResult) -> dict[str, float | int]:
+def step_fields(view: StepView, result: StepResult) -> dict[str, float | int]:
     """The scalars of a step's metrics line (the resume self-check compares a replayed step by them)."""
+    state = view.state
     return {
-        "step": trainer.state.step,
+        "step": state.step,
         "loss": result.loss,
         "grad_norm": result.grad_norm,
         "lr": result.lr,
-        "tokens_seen": trainer.state.tokens_seen,
+        "tokens_seen": state.tokens_seen,
         "step_time": result.step_time,
     }
 
 
 class MetricsHook(Hook):
-    def __init__(self) -> None:
+    slot = Slot.METRICS
+
+    def __init__(self, tensorboard: TensorBoardSink) -> None:
         self.progress: Progress | None = None
-        self.tensorboard: TensorBoardWriter | None = None
+        self.tensorboard = tensorboard
 
-    def on_start(self, trainer: Trainer) -> None:
-        m = trainer.cfg.metrics
-        main = trainer.ctx.is_main
+    def on_start(self, view: StepView, start: Start) -> None:
+        m = view.cfg.metrics
         self.progress = Progress(
-            trainer.cfg.train.max_steps, trainer.state.step, main and m.progress, m.log_every
+            view.cfg.train.max_steps, view.step, view.ctx.is_main and m.progress, m.log_every
         )
-        if main and m.tensorboard:
-            self.tensorboard = TensorBoardWriter(trainer.run_dir / TENSORBOARD_DIR, trainer.state.step)
+        self.tensorboard.open(view.step)
 
-    def after_step(self, trainer: Trainer, result: StepResult) -> None:
-        state = trainer.state
-        fields = step_fields(trainer, result)
-        per_source = trainer.loader.tokens_per_source()
+    def after_step(self, view: StepView, result: StepResult) -> None:
+        fields = step_fields(view, result)
+        per_source = view.tokens_per_source()
         # A mixture also logs the tokens drawn from each source, by its configured path.
-        trainer.logs.metrics(
-            **fields, **({"tokens_per_source": per_source} if per_source is not None else {})
-        )
-        if self.tensorboard is not None:
-            self.tensorboard.scalars(state.step, fields)
+        view.logs.metrics(**fields, **({"tokens_per_source": per_source} if per_source is not None else {}))
+        self.tensorboard.scalars(view.step, fields)
         assert self.progress is not None
-        self.progress.update(state.step, result.loss, trainer.tokens_per_step / max(result.step_time, 1e-9))
+        self.progress.update(view.step, result.loss, view.tokens_per_step / max(result.step_time, 1e-9))
 
-    def on_end(self, trainer: Trainer) -> None:
+    def on_end(self, view: StepView) -> None:
         if self.progress is not None:
             self.progress.close()
-        if self.tensorboard is not None:
-            self.tensorboard.close()
-        digest = param_digest(trainer.model, trainer.ctx)
-        trainer.logs.event(
+        self.tensorboard.close()
+        digest = param_digest(view.model, view.ctx)
+        view.logs.event(
             "run_end",
-            step=trainer.state.step,
-            reason=str(trainer.stop_reason or StopReason.COMPLETED),
+            step=view.step,
+            reason=str(view.stop_reason or StopReason.COMPLETED),
             param_digest=digest,
-            state=asdict(trainer.state),
+            state=asdict(view.state),
             end_wall=time.time(),
         )

@@ -8,7 +8,8 @@ the loss must stay within a configured floor (the exact fields, lr and tokens se
 No reference run is needed: the run is its own witness.
 
 This module is pure (no torch, no files): which pre-fault lines make the window (`prefault_window`), and
-the comparison step by step (`ReplayCheck`). The training hook (train/hooks/resume_check.py) feeds it.
+the comparison step by step (`ReplayCheck`). `ReplayEvidence` (evidence.py) feeds it in the loop; whether
+what it saw is enough to call the resume verified is the judge's (judge.py).
 """
 
 from __future__ import annotations
