@@ -97,8 +97,6 @@ class Restorer:
         trainer = self.trainer
         with self._phase():
             self.checkpointer.wait()
-            if self.memory is not None:
-                self.memory.forget()  # the rollback begins a new timeline
             ckpt_dir = resolve_rollback(
                 self.root, trainer.cfg.checkpoint, trainer.ctx, trainer.logs, self.mechanisms.commit
             )

@@ -114,12 +114,16 @@ class Snapshotter:
             why = f"{type(error).__name__}: {error}" if error is not None else "another rank's part failed"
             self.logs.event("snapshot_failed", step=pending.step, error=why, agreed=self.agreed, **timing)
 
-    def close(self) -> None:
-        """Let the copy in flight finish (its threads hold the state's tensors), without agreeing."""
-        if self.pending is not None:
-            self.pending.captured.wait()
-            self.pending.done.exception()
-            self.pending = None
+    def close(self, timeout: float = 10.0) -> None:
+        """Let the copy in flight finish, without agreeing. Bounded: after a failure a buddy may never
+        answer, and the thread (a daemon) must not keep the rank from returning."""
+        pending, self.pending = self.pending, None
+        if pending is not None:
+            pending.captured.wait(timeout)
+            try:
+                pending.done.exception(timeout)
+            except TimeoutError:
+                self.logs.event("snapshot_abandoned", step=pending.step, after_s=timeout)
 
     # --- the background ----------------------------------------------------------------------------
 
