@@ -14,6 +14,7 @@ the `latest` hint. Chosen by checkpoint/mechanisms.py, never by the code that ca
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -25,6 +26,21 @@ from truestep.config.schema import CheckpointConfig
 from truestep.core.errors import RefusedError
 from truestep.faults.hooks import fault_point
 from truestep.telemetry.run_logs import RunLogs
+
+
+@dataclass(frozen=True)
+class Publication:
+    """A finished save, as rank 0 publishes it."""
+
+    ckpt_dir: Path
+    step: int
+    item_digests: Callable[[], dict[str, list[list[Any]]]]
+    """Every rank's item digests, gathered by DCP to rank 0's writer."""
+    check_fence: Callable[[], None]
+    """Raises FencedError once this attempt no longer owns the run directory (right before the marker)."""
+    marker_fields: dict[str, Any]
+    """Who commits it (checkpoint/ownership.py `marker_identity`)."""
+    incarnation: int
 
 
 class CommitProtocol(Protocol):
@@ -44,15 +60,7 @@ class CommitProtocol(Protocol):
         """The restored parameters are not the saved ones: raise, or (naive) keep them."""
         ...
 
-    def publish(
-        self,
-        ckpt_dir: Path,
-        step: int,
-        item_digests: Callable[[], dict[str, list[list[Any]]]],
-        check_fence: Callable[[], None],
-        marker_fields: dict[str, Any],
-        incarnation: int,
-    ) -> None:
+    def publish(self, save: Publication) -> None:
         """Rank 0, once every rank's write is done: make the checkpoint usable by a resume."""
         ...
 
@@ -75,27 +83,19 @@ class AtomicCommit:
             f"{saved[:12]} recorded at save (checkpoint.verify_restored_digest)"
         )
 
-    def publish(
-        self,
-        ckpt_dir: Path,
-        step: int,
-        item_digests: Callable[[], dict[str, list[list[Any]]]],
-        check_fence: Callable[[], None],
-        marker_fields: dict[str, Any],
-        incarnation: int,
-    ) -> None:
-        fault_point("save:before-manifest", step=step)
+    def publish(self, save: Publication) -> None:
+        fault_point("save:before-manifest", step=save.step)
         try:
-            manifest = write_manifest_v2(ckpt_dir, step, item_digests())
+            manifest = write_manifest_v2(save.ckpt_dir, save.step, save.item_digests())
         except VerifyError as err:  # a symlink or FIFO appeared among the files being committed
             raise RefusedError(
-                f"not committing {ckpt_dir}: {err}; something other than this run writes into its "
+                f"not committing {save.ckpt_dir}: {err}; something other than this run writes into its "
                 "checkpoint directory"
             ) from err
-        fault_point("save:before-marker", step=step)
-        check_fence()
-        write_marker(ckpt_dir, step, manifest, incarnation, marker_fields)
-        fault_point("save:after-marker", step=step)
+        fault_point("save:before-marker", step=save.step)
+        save.check_fence()
+        write_marker(save.ckpt_dir, save.step, manifest, save.incarnation, save.marker_fields)
+        fault_point("save:after-marker", step=save.step)
 
 
 class TrustingCommit:
@@ -117,13 +117,5 @@ class TrustingCommit:
     def digest_differs(self, ckpt_dir: Path, restored: str, saved: str) -> DigestCheck:
         return DigestCheck.DIFFERS_KEPT
 
-    def publish(
-        self,
-        ckpt_dir: Path,
-        step: int,
-        item_digests: Callable[[], dict[str, list[list[Any]]]],
-        check_fence: Callable[[], None],
-        marker_fields: dict[str, Any],
-        incarnation: int,
-    ) -> None:
+    def publish(self, save: Publication) -> None:
         return None  # no manifest, no marker: the directory's existence is the whole protocol

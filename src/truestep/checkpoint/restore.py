@@ -21,6 +21,7 @@ from truestep.checkpoint.errors import CheckpointContentError, ResumeError
 from truestep.checkpoint.manifest import VerifyError
 from truestep.checkpoint.mechanisms import Mechanisms
 from truestep.checkpoint.restored import Restored, RestoreSource, RngPolicy
+from truestep.checkpoint.restored_digest import DigestSubject
 from truestep.checkpoint.safe_dcp import load_dcp
 from truestep.checkpoint.save_record import read_save_record
 from truestep.checkpoint.state import Checkpointable, RankState, SavedRankState, read_rank_state
@@ -101,7 +102,7 @@ def restore_from_disk(
         raise refusal from err
 
     digest = mechanisms.digest.check(
-        states.param_digest, record, not same_layout, ckpt_dir, ctx, logs, commit
+        DigestSubject(states.param_digest, record, not same_layout, ckpt_dir, ctx, logs, commit)
     )
     return Restored(
         step=shared.step or 0,

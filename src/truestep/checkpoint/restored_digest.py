@@ -36,63 +36,52 @@ class DigestOutcome:
     saved: str | None
 
 
+@dataclass(frozen=True)
+class DigestSubject:
+    """A restore whose parameters are to be checked against its checkpoint's save record."""
+
+    digest_of_restored: Callable[[], str]
+    """Collective: the restored parameters' digest."""
+    record: SaveRecord | None
+    layout_changed: bool
+    ckpt_dir: Path
+    ctx: DistContext
+    logs: RunLogs
+    commit: CommitProtocol
+
+
 class RestoredDigestPolicy(Protocol):
-    def check(
-        self,
-        digest_of_restored: Callable[[], str],
-        record: SaveRecord | None,
-        layout_changed: bool,
-        ckpt_dir: Path,
-        ctx: DistContext,
-        logs: RunLogs,
-        commit: CommitProtocol,
-    ) -> DigestOutcome:
+    def check(self, restore: DigestSubject) -> DigestOutcome:
         """Collective. Raises CheckpointContentError (via the commit protocol) on every rank when the
         restored parameters are not the saved ones and the protocol does not keep them."""
         ...
 
 
 class CheckRestoredDigest:
-    def check(
-        self,
-        digest_of_restored: Callable[[], str],
-        record: SaveRecord | None,
-        layout_changed: bool,
-        ckpt_dir: Path,
-        ctx: DistContext,
-        logs: RunLogs,
-        commit: CommitProtocol,
-    ) -> DigestOutcome:
-        if layout_changed:
+    def check(self, restore: DigestSubject) -> DigestOutcome:
+        if restore.layout_changed:
             return DigestOutcome(DigestCheck.NOT_COMPARABLE, None, None)
-        got = digest_of_restored()  # collective
+        got = restore.digest_of_restored()  # collective
+        record = restore.record
         outcome = DigestCheck.NOT_RECORDED
-        if ctx.is_main and record is not None:
+        if restore.ctx.is_main and record is not None:
             outcome = DigestCheck.MATCHES if record.param_digest == got else DigestCheck.DIFFERS_KEPT
-        outcome = broadcast_choice(outcome, ctx)
+        outcome = broadcast_choice(outcome, restore.ctx)
         saved = record.param_digest if record is not None else None
         if outcome == DigestCheck.DIFFERS_KEPT:
-            logs.event(
+            restore.logs.event(
                 "restore_digest_mismatch",
-                path=str(ckpt_dir),
+                path=str(restore.ckpt_dir),
                 step=record.step if record is not None else None,
                 saved=saved,
                 restored=got,
-                quarantined=not commit.keeps_other_weights,
+                quarantined=not restore.commit.keeps_other_weights,
             )
-            outcome = commit.digest_differs(ckpt_dir, got, saved or "?")
+            outcome = restore.commit.digest_differs(restore.ckpt_dir, got, saved or "?")
         return DigestOutcome(outcome, got, saved)
 
 
 class SkipRestoredDigest:
-    def check(
-        self,
-        digest_of_restored: Callable[[], str],
-        record: SaveRecord | None,
-        layout_changed: bool,
-        ckpt_dir: Path,
-        ctx: DistContext,
-        logs: RunLogs,
-        commit: CommitProtocol,
-    ) -> DigestOutcome:
+    def check(self, restore: DigestSubject) -> DigestOutcome:
+        record = restore.record
         return DigestOutcome(DigestCheck.OFF, None, record.param_digest if record is not None else None)

@@ -35,6 +35,7 @@ from truestep.checkpoint.catalog import (
     set_aside_step,
     step_dir_name,
 )
+from truestep.checkpoint.commit_protocol import Publication
 from truestep.checkpoint.mechanisms import Mechanisms, choose
 from truestep.checkpoint.ownership import marker_identity, newer_own_commit, own_committed
 from truestep.checkpoint.safe_dcp import silence_single_process_saves, single_process
@@ -246,12 +247,14 @@ class Checkpointer:
     def _commit(self, pending: PendingSave) -> None:
         started = time.perf_counter()
         self.mechanisms.commit.publish(
-            pending.ckpt_dir,
-            pending.step,
-            lambda: self._digests(pending),
-            self._check_fence,
-            marker_identity(self.run_id, self.incarnation),
-            self.incarnation,
+            Publication(
+                pending.ckpt_dir,
+                pending.step,
+                lambda: self._digests(pending),
+                self._check_fence,
+                marker_identity(self.run_id, self.incarnation),
+                self.incarnation,
+            )
         )
         atomic_write(self.root / LATEST, (pending.ckpt_dir.name + "\n").encode())  # a hint only
         self.logs.event("checkpoint_commit", step=pending.step, commit_s=time.perf_counter() - started)
