@@ -196,6 +196,8 @@ class Supervisor:
     def _watch(self, ranks: list[Rank]) -> AttemptEnd:
         forwarded = interrupts_forwarded = 0
         watch = AttemptWatch(self.run_dir, ranks, self.cfg.resilience, self.longest_step_s)
+        # When a poll last found every rank running: a rank's exit came after it (failure.last_seen).
+        running_at = min((r.spawned_at for r in ranks), default=time.time())
         while True:
             try:
                 elsewhere = self.nodes.check(self.attempt)  # another node gone, or node 0 restarted
@@ -213,8 +215,13 @@ class Supervisor:
                 self._send(ranks, signal.SIGINT)
                 interrupts_forwarded = self.interrupts
                 self.events.write({"event": "signal_forwarded", "signal": "SIGINT"})
+            polled_at = time.time()
             codes = {r.rank: r.proc.poll() for r in ranks}
             end = rank_exits(codes, self.requeue_code)
+            if end is not None and end.failure is not None and end.failure.kind == "process_exit":
+                end.failure.last_seen = running_at
+            if all(code is None for code in codes.values()):
+                running_at = polled_at
             if end is not None and end.code == ExitCode.FENCED:
                 follow = self.nodes.rank_fenced(self.attempt)  # it saw node 0's restart before we did
                 end = AttemptEnd(Outcome.FAILED, follow) if follow is not None else end

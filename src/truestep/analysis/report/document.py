@@ -77,6 +77,10 @@ def run_section(run: RunAnalysis, group: GroupSummary, figures: Figures) -> list
     blocks: list[Block] = [Heading(3, f"Run `{run.name}`")]
     text = f"Directory `{run.path}`. "
     text += f"Faults: {', '.join(f'`{f}`' for f in run.faults)}. " if run.faults else "No faults injected. "
+    others = [i for i in run.incidents if i.origin != "injected"]
+    if others:
+        kinds = ", ".join(sorted({f"{i.kind} ({i.origin})" for i in others}))
+        text += f"Recovered from {len(others)} incident(s) nobody injected: {kinds}. "
     text += f"Resumes: {run.resumes}. "
     if run.role == "reference":
         text += "This is the reference every other run is compared with."

@@ -201,7 +201,7 @@ def mttr_blocks(run: RunAnalysis) -> list[Block]:
     if not run.incidents:
         return []
     rows = [
-        [str(n), inc.kind, str(inc.pre_fault_step)]
+        [str(n), inc.kind, inc.origin, str(inc.pre_fault_step)]
         + [fmt_seconds(inc.phases_s[p]) for p in PHASES]
         + [fmt_seconds(inc.mttr_s), fmt_seconds(inc.regain_s)]
         for n, inc in enumerate(run.incidents, 1)
@@ -209,12 +209,15 @@ def mttr_blocks(run: RunAnalysis) -> list[Block]:
     return [
         Heading(4, "Time to recovery"),
         Para(
-            "Per injected fault: fault → detected → all ranks down → relaunched → restored → first new step "
-            "(MTTR), and fault → the pre-fault step reached again (regain). — = the run never got there."
+            "Per incident -- a fault injected, a failure the supervisor detected that nobody injected (from "
+            "the rank's last sign of health the supervisor recorded), or a relaunch after a preemption or a "
+            "job that vanished (from the first signal, or its last record) --: fault → detected → all ranks "
+            "down → relaunched → restored → first new step (MTTR), and fault → the pre-fault step reached "
+            "again (regain). — = the run never got there, or the moment is not known."
         ),
         Table(
-            ["#", "kind", "pre-fault step", "detect", "teardown", "relaunch", "start + restore", "first step"]
-            + ["MTTR", "regain"],
+            ["#", "kind", "origin", "pre-fault step", "detect", "teardown", "relaunch", "start + restore"]
+            + ["first step", "MTTR", "regain"],
             rows,
         ),
     ]
