@@ -355,7 +355,8 @@ class Supervisor:
                     "gave_up", restarts, self.requeue_code if end.word == "requeue" else ExitCode.FAILURE
                 )
             restarts += 1
-            self.events.write({"event": "restart", "restart": restarts, "after": end.word})
+            reason = restart_reason(end, self.requeue_code)
+            self.events.write({"event": "restart", "restart": restarts, "after": end.word, "reason": reason})
 
     def _before_restart(self, end: AttemptEnd, since: float) -> AttemptEnd:
         """A local failure: restart in place only while the job is still ours and every node is there."""
@@ -368,6 +369,21 @@ class Supervisor:
             return end
         self._failure_detected(lost, lost.loss.at if lost.loss else time.time())
         return AttemptEnd(Outcome.NODE_LOST, lost)
+
+
+def restart_reason(end: AttemptEnd, requeue_code: int) -> str:
+    """Why the supervisor restarts the attempt (the restart event's `reason`, said on the console)."""
+    if end.failure is not None:
+        where = f" on rank {end.failure.rank}" if end.failure.rank is not None else ""
+        return f"{end.failure.kind}{where}"
+    if end.word == "requeue":
+        # Every rank ended in order with the requeue code while this supervisor got no signal itself:
+        # the notice went to the ranks alone (e.g. a SIGTERM to one rank); the job is not being requeued.
+        return (
+            f"every rank stopped gracefully with exit {requeue_code} (a preemption signal reached the "
+            "ranks, not this supervisor)"
+        )
+    return str(end.word)
 
 
 def run_supervisor(spec: LaunchSpec, cfg: JobConfig) -> int:
