@@ -23,3 +23,27 @@ def test_a_missing_dcp_metadata_is_one_line_not_a_torch_traceback(tmp_path: Path
     text = logging.Formatter().format(record)
     assert "Traceback" not in text and len(text.splitlines()) == 1, text
     assert "FileNotFoundError" in text and ".metadata" in text
+
+
+def test_ckpt_verify_of_a_quarantined_checkpoint_gives_the_recorded_reason(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """It said "commit marker does not name this directory's step" (true of any moved checkpoint) instead
+    of why it was quarantined (a SHA-256 mismatch)."""
+    from harness import run_in_process
+    from truestep.checkpoint.catalog import step_dir_name
+    from truestep.checkpoint.resolver import quarantine_logged
+    from truestep.cli.ckpt import ckpt_main
+    from truestep.telemetry.run_logs import RunLogs
+
+    run = tmp_path / "run"
+    assert run_in_process(run, "--train.max_steps=2", "--checkpoint.interval=0") == 0
+    reason = "SHA-256 mismatch: __0_0.distcp item 3 (rank 0)"
+    logs = RunLogs(run, attempt=1, enabled=True)
+    moved = quarantine_logged(run / "checkpoints" / step_dir_name(2), reason, logs)
+    logs.close()
+    capsys.readouterr()
+    assert ckpt_main(["verify", str(moved)]) == 1
+    err = capsys.readouterr().err
+    assert f"(quarantined): set aside because: {reason}; never resumed from" in err, err
+    assert len(err.strip().splitlines()) == 1
