@@ -192,3 +192,22 @@ def test_a_restore_of_a_commit_with_no_event_is_a_restore_of_a_commit(
     assert (10 in commits) is (evidence != "none")
     [restored] = [r for r in recovery_rows(run.path, commits) if r[1] == "restored"]
     assert restored[2] == "10" and says in restored[3], restored
+
+
+def test_the_verdict_sentence_counts_injected_faults_apart_from_other_failures(tmp_path: Path) -> None:
+    from analysis_cases import clean, killed_and_resumed
+    from truestep.analysis.report.opening import faulted_sentence
+
+    run = killed_and_resumed(tmp_path / "run")
+    extra = {"time": 12.0, "event": "failure_detected", "attempt": 1, "kind": "stale_heartbeat", "rank": 0,
+             "detected_at": 12.0, "last_seen": 9.5, **SUP}  # fmt: skip
+    run = write_run(tmp_path / "more", run.metrics, [*run.events, extra])
+    analysis = analyze_run("more", run, clean(tmp_path / "ref"), None, "faulted", read_state=False)
+    assert [(i.kind, i.origin) for i in analysis.incidents] == [
+        ("kill", "injected"),
+        ("stale_heartbeat", "detected"),
+    ]
+    text = faulted_sentence(analysis)
+    assert (
+        "after 1 injected fault (kill), 1 failure nobody injected (stale_heartbeat) and 1 resume" in text
+    ), text
