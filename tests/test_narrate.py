@@ -258,3 +258,16 @@ def test_the_experiment_estimates_what_is_left() -> None:
     assert eta_line([30.0, 50.0], 5) == "3 run(s) left, about 2 min 00 s (then the report)"
     assert eta_line([10.0], 3) == "2 run(s) left, about 20 s (then the report)"
     assert eta_line([10.0, 10.0], 2) == "all runs done; the report comes next"
+
+
+def test_a_preemption_whose_stop_failed_does_not_say_checkpoint_saved() -> None:
+    """The atomic-commit ablation's graceful cell: rank 0 crashes inside the stop's save; the supervisor,
+    preempted itself, still exits 75, but "checkpoint saved" was not true."""
+    end = {"event": "supervisor_end", "outcome": "requeue", "exit_code": 75, "restarts": 0,
+           "after_failure": "process_exit on rank 0"}  # fmt: skip
+    (line,) = said(Narrator("truestep launch"), [end])
+    assert line == (
+        "truestep launch: exit 75 (requeue me): preempted, but a rank failed while the job stopped "
+        "(process_exit on rank 0), so its checkpoint may not be saved; requeue the job or run the same "
+        "command again: it resumes from the newest verified checkpoint"
+    )

@@ -262,12 +262,15 @@ class Supervisor:
         for rank in ranks:
             rank.proc.wait()
 
-    def _end(self, outcome: str, restarts: int, code: int) -> int:
+    def _end(self, outcome: str, restarts: int, code: int, failure: Failure | None = None) -> int:
+        """`failure`: one detected while the job stopped (a rank died in its emergency save): the end
+        says so, since its checkpoint may then not have been saved."""
         self.outcome = outcome
-        self.events.write(
-            {"event": "supervisor_end", "attempt": self.attempt, "outcome": outcome, "restarts": restarts,
-             "exit_code": code, "link_refused": self.nodes.link_refused}
-        )  # fmt: skip
+        record = {"event": "supervisor_end", "attempt": self.attempt, "outcome": outcome, "restarts": restarts,
+                  "exit_code": code, "link_refused": self.nodes.link_refused}  # fmt: skip
+        if failure is not None:
+            record["after_failure"] = restart_reason(AttemptEnd(Outcome.FAILED, failure), self.requeue_code)
+        self.events.write(record)
         return code
 
     def _failure_detected(self, failure: Failure, detected: float) -> None:
@@ -349,7 +352,7 @@ class Supervisor:
                 return self._end("refused", restarts, end.code)
             if self.signalled:
                 # We are being preempted ourselves: the scheduler requeues the whole job.
-                return self._end("requeue", restarts, self.requeue_code)
+                return self._end("requeue", restarts, self.requeue_code, end.failure)
             if restarts >= self.spec.max_restarts:
                 return self._end(
                     "gave_up", restarts, self.requeue_code if end.word == "requeue" else ExitCode.FAILURE

@@ -210,6 +210,12 @@ def _failure_detected(n: Narrator, r: dict[str, Any]) -> str:
 
 def _supervisor_end(n: Narrator, r: dict[str, Any]) -> str | None:
     outcome, code, restarts = r.get("outcome"), r.get("exit_code"), r.get("restarts", 0)
+    if outcome == "requeue" and r.get("after_failure"):
+        return (
+            f"exit {code} (requeue me): preempted, but a rank failed while the job stopped ({r['after_failure']}), "
+            "so its checkpoint may not be saved; requeue the job or run the same command again: it resumes "
+            "from the newest verified checkpoint"
+        )
     if outcome == "requeue":
         return f"exit {code} (requeue me): preempted, checkpoint saved; requeue the job or run the same command again"
     if outcome == "interrupted":
