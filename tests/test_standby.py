@@ -111,6 +111,14 @@ def test_a_restart_through_warm_standbys_is_bitwise_in_every_layout(
     restarted = supervisor_events(run, "attempt_start")[1]
     assert sorted(restarted["pids"]) == sorted(h["pid"] for h in handed)
     assert {r["attempt"] for r in events(run, "run_start")} == {0, 1}
+    # Its life as a rank began at the handoff (run_start.handoff_at, the analysis's attempt start), and
+    # the supervisor recorded when it last saw the killed rank running (the incident's onset).
+    sent = {h["pid"]: h["sent_at"] for h in handed}
+    starts = [r for r in events(run, "run_start") if r["attempt"] == 1]
+    assert all(r["handoff_at"] == pytest.approx(min(sent.values()), abs=1.0) for r in starts)
+    assert all(r["handoff_at"] <= r["process_start"] for r in starts)
+    (failure,) = supervisor_events(run, "failure_detected")
+    assert failure["kind"] == "process_exit" and 0 < failure["detected_at"] - failure["last_seen"] < 5
     # Indistinguishable where a rank's recovery path can see it: signal dispositions, parent, session.
     assert warm == cold
     assert_matches_reference(run, layout_references[layout], steps=LAYOUT_STEPS)

@@ -16,7 +16,7 @@ import pytest
 from truestep.config.load import load_config
 from truestep.core.errors import ExitCode, Outcome
 from truestep.resilience.node_loss import NodeLoss
-from truestep.resilience.supervisor import LaunchSpec, Supervisor, run_supervisor
+from truestep.resilience.supervisor import LaunchSpec, Supervisor, restart_reason, run_supervisor
 from truestep.resilience.watch import AttemptEnd, Failure, rank_exits
 from truestep.telemetry.jsonl import read_jsonl
 
@@ -162,3 +162,15 @@ def test_a_lost_node_passes_its_code_on_with_the_jobs_requeue_code(
         run_dir = tmp_path / str(left)
         code, events = run_script(run_dir, monkeypatch, ends, requeue_code=CUSTOM)
         assert _end(events)[:2] == ("node_lost", expected) and code == expected
+
+
+def test_a_restart_says_why() -> None:
+    """Ranks that all exit 75 while the supervisor got no signal (a SIGTERM sent to one rank) restart in
+    place: the reason says so (it used to say nothing); a failure names its kind and rank."""
+    every = rank_exits({0: 75, 1: 75}, 75)
+    assert every is not None and every.word == "requeue"
+    assert restart_reason(every, 75) == (
+        "every rank stopped gracefully with exit 75 (a preemption signal reached the ranks, not this supervisor)"
+    )
+    killed = rank_exits({0: None, 1: -9}, 75)
+    assert killed is not None and restart_reason(killed, 75) == "process_exit on rank 1"

@@ -13,6 +13,13 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from truestep.checkpoint.catalog import (
+    is_committed,
+    quarantined_dirs,
+    run_checkpoint_root,
+    set_aside_step,
+    step_dirs,
+)
 from truestep.core.errors import RefusedError
 from truestep.core.names import EVENTS_FILE, METRICS_FILE
 from truestep.telemetry.jsonl import read_jsonl
@@ -182,6 +189,27 @@ class RunLog:
 
     def layout_changes(self) -> list[int]:
         return [e["step"] for e in self.named("checkpoint_restore") if e.get("layout_changed")]
+
+    def commit_evidence(self) -> dict[int, str]:
+        """step -> why the run's checkpoint of that step counts as committed: its `checkpoint_commit`
+        event; else a resume that verified its commit marker (`checkpoint_verified`); else its marker on
+        disk, live or quarantined. The event alone is not the commit: rank 0 killed between writing the
+        marker and logging the event leaves a committed checkpoint with no event, and a later restore of
+        it is a restore of a committed checkpoint. A restore by itself is no evidence (with
+        checkpoint.atomic_commit=false a torn one is restored too)."""
+        found: dict[int, str] = {}
+        for e in self.named("checkpoint_commit"):
+            if isinstance(e.get("step"), int):
+                found.setdefault(e["step"], "its checkpoint_commit event")
+        for e in self.named("checkpoint_verified"):
+            if isinstance(e.get("step"), int):
+                found.setdefault(e["step"], "its commit marker, verified at a resume")
+        root = run_checkpoint_root(self.path)
+        for ckpt_dir in step_dirs(root) + quarantined_dirs(root):
+            step = set_aside_step(ckpt_dir)
+            if step is not None and is_committed(ckpt_dir):
+                found.setdefault(step, "its commit marker on disk")
+        return dict(sorted(found.items()))
 
     def fault_specs(self) -> list[str]:
         return [str(e.get("spec", e.get("kind", "?"))) for e in self.named("fault_injected")]

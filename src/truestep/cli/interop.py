@@ -153,6 +153,11 @@ def _import(argv: list[str]) -> int:
     print(f"source dtypes: {', '.join(info['source_dtypes'])} (stored {stored})")
     ids = ", ".join(f"{key}={value}" for key, value in info["special_tokens"].items())
     print(f"tokenizer: {', '.join(info['tokenizer_files']) or 'none in the source directory'}; {ids}")
+    if info["tokenizer_left_out"]:
+        print(
+            f"not kept: {', '.join(info['tokenizer_left_out'])} beside the model, without the tokenizer.json "
+            "they belong to (copy that tokenizer.json beside them and import again to keep them)"
+        )
     print("start a run from it with these model settings:")
     print(f"  --checkpoint.init_from={args.out} " + " ".join(info["model_overrides"]))
     return 0

@@ -255,6 +255,12 @@ class ResilienceConfig:
     """Seconds between heartbeats (written by a thread that does not wait for the training loop)."""
     liveness_timeout_s: float = 5.0
     """Supervisor: a rank whose heartbeat is this stale is hung or stopped (e.g. SIGSTOP)."""
+    process_watch: bool = True
+    """Mechanism switch: the supervisor also watches each rank from outside its interpreter, in
+    /proc/PID/stat: a stopped process (SIGSTOP) is declared after liveness_timeout_s in every phase (also
+    while importing torch, when its heartbeat cannot beat), one asleep with no CPU progress before its
+    first beat or while loading likewise, and time a rank waited for a CPU does not count against its
+    start-up. Linux only: without /proc the heartbeat rules stand alone. Off = heartbeats alone."""
     hang_timeout_s: float = 10.0
     """Supervisor: a rank whose step has not advanced for this long while training (not while starting,
     checkpointing or restoring) is declared hung, unless hang_step_multiple allows longer. Until the

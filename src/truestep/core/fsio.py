@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import IO
 
 from truestep.core.errors import RefusedError
+from truestep.core.writer_temps import sweep_dead_temps, temp_prefix
 
 CHUNK = 8 << 20
 
@@ -120,8 +121,11 @@ def fsync_dir(path: Path) -> None:
 
 def atomic_write(path: Path, data: bytes, durable: bool = True, mode: int = 0o644) -> None:
     """Replace `path` with `data` all at once: readers see the old or the new file, never a torn one.
-    The file is created 0600 and only then given `mode`: a secret (mode 0600) is never readable by others."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    The file is created 0600 and only then given `mode`: a secret (mode 0600) is never readable by others.
+    The temp file is named after its writer, and the first write of `path` by a process removes the temp
+    files dead writers of `path` left (core/writer_temps.py)."""
+    sweep_dead_temps(path)
+    fd, tmp = tempfile.mkstemp(prefix=temp_prefix(path), suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
@@ -159,7 +163,8 @@ def write_new_file(path: Path, write: Callable[[IO[bytes]], None]) -> None:
         raise RefusedError(
             f"{path} already exists; refusing to overwrite it (remove it or choose another name)"
         )
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    sweep_dead_temps(path)
+    fd, tmp = tempfile.mkstemp(prefix=temp_prefix(path), suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
             write(f)

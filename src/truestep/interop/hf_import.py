@@ -312,6 +312,15 @@ def _special_tokens(hf: dict[str, Any], hf_dir: Path, vocab_size: int) -> dict[s
     return found
 
 
+def tokenizer_files_left_out(hf_dir: Path) -> list[str]:
+    """Tokenizer companion files (a chat template, a tokenizer config, generation defaults) beside a
+    model that has no tokenizer.json: they are not kept (what they describe is a tokenizer the directory
+    does not hold; the eos ids of generation_config.json are kept all the same), and import says so."""
+    if os.path.lexists(hf_dir / TOKENIZER_JSON):
+        return []
+    return [name for name in TOKENIZER_FILES if os.path.lexists(hf_dir / name)]
+
+
 def _tokenizer_files(hf_dir: Path, special: dict[str, Any]) -> dict[str, bytes]:
     """The tokenizer files of an HF directory (none without a tokenizer.json), checked to load."""
     if not os.path.lexists(hf_dir / TOKENIZER_JSON):
@@ -404,5 +413,6 @@ def import_hf(hf_dir: Path, out: Path, dtype: torch.dtype | None = None) -> dict
         "model": cfg,
         "model_overrides": model_overrides(cfg),
         "tokenizer_files": list(tokenizer_files),
+        "tokenizer_left_out": tokenizer_files_left_out(hf_dir),
         "special_tokens": special,
     }

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import socket
 import sys
@@ -153,4 +154,7 @@ def park(fd: int, warmup: Warmup) -> list[str]:
     sys.argv[1:] = RANK_ARGV
     undo()
     truestep.STARTED_AT = received  # this process starts being a rank now (run_start.process_start)
+    sent = handoff.get("sent_at")
+    if isinstance(sent, int | float) and not isinstance(sent, bool) and math.isfinite(sent):
+        truestep.HANDED_OVER_AT = min(float(sent), received)  # run_start.handoff_at
     return list(RANK_ARGV)

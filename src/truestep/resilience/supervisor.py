@@ -197,6 +197,8 @@ class Supervisor:
     def _watch(self, ranks: list[Rank]) -> AttemptEnd:
         forwarded = interrupts_forwarded = 0
         watch = AttemptWatch(self.run_dir, ranks, self.cfg.resilience, self.longest_step_s)
+        # When a poll last found every rank running: a rank's exit came after it (failure.last_seen).
+        running_at = min((r.spawned_at for r in ranks), default=time.time())
         while True:
             try:
                 elsewhere = self.nodes.check(self.attempt)  # another node gone, or node 0 restarted
@@ -214,8 +216,13 @@ class Supervisor:
                 self._send(ranks, signal.SIGINT)
                 interrupts_forwarded = self.interrupts
                 self.events.write({"event": "signal_forwarded", "signal": "SIGINT"})
+            polled_at = time.time()
             codes = {r.rank: r.proc.poll() for r in ranks}
             end = rank_exits(codes, self.requeue_code)
+            if end is not None and end.failure is not None and end.failure.kind == "process_exit":
+                end.failure.last_seen = running_at
+            if all(code is None for code in codes.values()):
+                running_at = polled_at
             if end is not None and end.code == ExitCode.FENCED:
                 follow = self.nodes.rank_fenced(self.attempt)  # it saw node 0's restart before we did
                 end = AttemptEnd(Outcome.FAILED, follow) if follow is not None else end
@@ -256,12 +263,15 @@ class Supervisor:
         for rank in ranks:
             rank.proc.wait()
 
-    def _end(self, outcome: str, restarts: int, code: int) -> int:
+    def _end(self, outcome: str, restarts: int, code: int, failure: Failure | None = None) -> int:
+        """`failure`: one detected while the job stopped (a rank died in its emergency save): the end
+        says so, since its checkpoint may then not have been saved."""
         self.outcome = outcome
-        self.events.write(
-            {"event": "supervisor_end", "attempt": self.attempt, "outcome": outcome, "restarts": restarts,
-             "exit_code": code, "link_refused": self.nodes.link_refused}
-        )  # fmt: skip
+        record = {"event": "supervisor_end", "attempt": self.attempt, "outcome": outcome, "restarts": restarts,
+                  "exit_code": code, "link_refused": self.nodes.link_refused}  # fmt: skip
+        if failure is not None:
+            record["after_failure"] = restart_reason(AttemptEnd(Outcome.FAILED, failure), self.requeue_code)
+        self.events.write(record)
         return code
 
     def _memory_lost(self, failure: Failure) -> None:
@@ -355,13 +365,14 @@ class Supervisor:
                 return self._end("refused", restarts, end.code)
             if self.signalled:
                 # We are being preempted ourselves: the scheduler requeues the whole job.
-                return self._end("requeue", restarts, self.requeue_code)
+                return self._end("requeue", restarts, self.requeue_code, end.failure)
             if restarts >= self.spec.max_restarts:
                 return self._end(
                     "gave_up", restarts, self.requeue_code if end.word == "requeue" else ExitCode.FAILURE
                 )
             restarts += 1
-            self.events.write({"event": "restart", "restart": restarts, "after": end.word})
+            reason = restart_reason(end, self.requeue_code)
+            self.events.write({"event": "restart", "restart": restarts, "after": end.word, "reason": reason})
 
     def _before_restart(self, end: AttemptEnd, since: float) -> AttemptEnd:
         """A local failure: restart in place only while the job is still ours and every node is there."""
@@ -374,6 +385,21 @@ class Supervisor:
             return end
         self._failure_detected(lost, lost.loss.at if lost.loss else time.time())
         return AttemptEnd(Outcome.NODE_LOST, lost)
+
+
+def restart_reason(end: AttemptEnd, requeue_code: int) -> str:
+    """Why the supervisor restarts the attempt (the restart event's `reason`, said on the console)."""
+    if end.failure is not None:
+        where = f" on rank {end.failure.rank}" if end.failure.rank is not None else ""
+        return f"{end.failure.kind}{where}"
+    if end.word == "requeue":
+        # Every rank ended in order with the requeue code while this supervisor got no signal itself:
+        # the notice went to the ranks alone (e.g. a SIGTERM to one rank); the job is not being requeued.
+        return (
+            f"every rank stopped gracefully with exit {requeue_code} (a preemption signal reached the "
+            "ranks, not this supervisor)"
+        )
+    return str(end.word)
 
 
 def run_supervisor(spec: LaunchSpec, cfg: JobConfig) -> int:

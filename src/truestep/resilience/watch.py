@@ -13,6 +13,11 @@ A rank is judged by its process and its heartbeat file:
   has reported how long its steps take: resilience.hang_step_multiple) while every rank trained ->
   `no_progress`;
 - it has been shutting down for longer than the collective timeout allows -> `stuck_in_shutdown`.
+And from outside its interpreter (resilience/outside.py: /proc/PID/stat, `resilience.process_watch`):
+- its process has been stopped (state T) for `liveness_timeout_s`, in any phase -> `process_stopped`;
+- silent before its first beat or while loading, it sleeps with its CPU time standing still for
+  `liveness_timeout_s` -> `no_cpu_progress`; and the start-up deadline and the loading allowance do
+  not count time it spent runnable but waiting for a CPU (an overloaded machine's time).
 Time the watcher itself did not run (a check more than OBSERVER_PAUSE_S after the previous one: the machine
 froze or was overloaded, the VM was descheduled) is not evidence against a rank: every deadline leaves out
 the part of such a pause beyond OBSERVER_PAUSE_S, and the pause is reported (`paused_s`). Only that part:
@@ -38,6 +43,7 @@ from truestep.core.names import heartbeat_path
 from truestep.core.status import Phase
 from truestep.resilience.heartbeat import read_heartbeat
 from truestep.resilience.node_loss import NodeLoss
+from truestep.resilience.outside import OutsideView
 
 OBSERVER_PAUSE_S = 1.0
 """A gap between two checks longer than this (ten polls) means the watcher was not running."""
@@ -48,16 +54,23 @@ MAX_PAUSES = 1000
 @dataclass
 class Failure:
     kind: str
-    """process_exit, startup_timeout, stale_heartbeat, no_progress, stuck_in_shutdown or node_lost."""
+    """process_exit, startup_timeout, stale_heartbeat, process_stopped, no_cpu_progress, no_progress,
+    stuck_in_shutdown or node_lost."""
     rank: int | None
     """The rank judged (None for a node loss)."""
     detail: str
     exit_codes: dict[int, int | None] = field(default_factory=dict)
     loss: NodeLoss | None = None
     """node_lost: which node, how, and who saw it."""
+    last_seen: float | None = None
+    """Wall clock of the rank's last sign of health the watcher had (its last beat, its last step
+    advance, its spawn, the last poll it was running at): the failure came after it, so detection took
+    at most `detected_at - last_seen` (analysis/mttr.py, for failures nobody injected)."""
 
     def to_event(self) -> dict:
         record = {"kind": self.kind, "rank": self.rank, "detail": self.detail}
+        if self.last_seen is not None:
+            record["last_seen"] = self.last_seen
         record["exit_codes"] = {str(k): v for k, v in self.exit_codes.items()}
         return {**record, **(self.loss.to_event() if self.loss else {})}
 
@@ -92,6 +105,8 @@ class AttemptWatch:
         """(start, end) wall clock of the watcher's own pauses, the latest MAX_PAUSES."""
         self.paused_s: float | None = None
         """The pause the latest `check` found (None: none), for the supervisor's event log."""
+        self.outside = OutsideView()
+        """Each rank's process as the kernel sees it (resilience/outside.py)."""
 
     def hang_allowance(self) -> float:
         """How long a training step may take before it is declared hung."""
@@ -137,6 +152,48 @@ class AttemptWatch:
             return r.startup_timeout_s, f"resilience.startup_timeout_s={r.startup_timeout_s:g} while loading"
         return r.liveness_timeout_s, f"resilience.liveness_timeout_s={r.liveness_timeout_s:g}"
 
+    def _outside(self, rank: Rank, now: float) -> Failure | None:
+        """The kernel's view of the rank (resilience/outside.py): stopped for the liveness timeout, in
+        any phase. None where /proc is not there or process_watch is off (the heartbeat rules stand)."""
+        if not self.cfg.process_watch:
+            return None
+        track = self.outside.observe(rank.proc.pid, now)
+        if track is None or track.stopped_since is None:
+            return None
+        r = self.cfg
+        if self._watched(track.stopped_since, now) <= r.liveness_timeout_s:
+            return None
+        detail = (
+            f"process {rank.proc.pid} stopped (state {track.last.state} in /proc/{rank.proc.pid}/stat) for "
+            f"{now - track.stopped_since:.1f}s (resilience.liveness_timeout_s={r.liveness_timeout_s:g})"
+        )
+        return Failure("process_stopped", rank.rank, detail, last_seen=track.stopped_since)
+
+    def _asleep(self, rank: Rank, now: float, silent_since: float, where: str) -> Failure | None:
+        """A silent rank that sleeps with its CPU time standing still for the liveness timeout is not
+        importing or starting anything: stuck (the start-up allowance is for work the heartbeat cannot
+        interrupt)."""
+        track = self.outside.tracks.get(rank.proc.pid) if self.cfg.process_watch else None
+        if track is None or track.idle_since is None:
+            return None
+        idle_from = max(track.idle_since, silent_since)
+        r = self.cfg
+        if self._watched(idle_from, now) <= r.liveness_timeout_s:
+            return None
+        detail = (
+            f"no heartbeat and no CPU time used for {now - idle_from:.1f}s, asleep (state "
+            f"{track.last.state}) {where} (resilience.liveness_timeout_s={r.liveness_timeout_s:g})"
+        )
+        return Failure("no_cpu_progress", rank.rank, detail, last_seen=idle_from)
+
+    def _charged(self, rank: Rank, since: float, now: float) -> float:
+        """Seconds of start-up or loading silence held against the rank: the watched time less the time
+        it was runnable and waiting for a CPU (an overloaded machine's, not the rank's)."""
+        watched = self._watched(since, now)
+        if not self.cfg.process_watch:
+            return watched
+        return watched - min(watched, self.outside.starved_s(rank.proc.pid, since))
+
     def check(self) -> Failure | None:
         """Liveness for every phase; progress only while every rank trains; a bound on shutdown.
 
@@ -150,27 +207,41 @@ class AttemptWatch:
         for rank in self.ranks:
             if rank.proc.poll() is not None:
                 continue  # exited: the exit check judges it
+            outside = self._outside(rank, now)
+            if outside is not None:
+                return outside
             beat = read_heartbeat(heartbeat_path(self.run_dir, rank.rank))
             if beat is not None and beat.get("pid") == rank.proc.pid:
                 self.own_beats[rank.rank] = beat
             beat = self.own_beats.get(rank.rank)
             if beat is None:
                 waited = now - rank.spawned_at
-                if self._watched(rank.spawned_at, now) > r.startup_timeout_s:
+                stuck = self._asleep(rank, now, rank.spawned_at, "while starting")
+                if stuck is not None:
+                    return stuck
+                if self._charged(rank, rank.spawned_at, now) > r.startup_timeout_s:
                     return Failure(
                         "startup_timeout",
                         rank.rank,
                         f"no heartbeat {waited:.1f}s after launch (resilience.startup_timeout_s="
                         f"{r.startup_timeout_s:g}): stopped or stuck while starting",
+                        last_seen=rank.spawned_at,
                     )
                 continue
             age = now - beat["time"]
             allowed, rule = self._silence_allowed(beat["phase"])
-            if self._watched(self._beat_since(rank.rank, beat, now), now) > allowed:
+            beat_at = self._beat_since(rank.rank, beat, now)
+            silent = self._watched(beat_at, now)
+            if beat["phase"] == Phase.LOADING:  # the start-up allowance: the rank's own time only
+                stuck = self._asleep(rank, now, beat_at, "while loading")
+                if stuck is not None:
+                    return stuck
+                silent = self._charged(rank, beat_at, now)
+            if silent > allowed:
                 detail = (
                     f"no heartbeat for {age:.1f}s in phase {beat['phase']} (allowed {allowed:g}s: {rule})"
                 )
-                return Failure("stale_heartbeat", rank.rank, detail)
+                return Failure("stale_heartbeat", rank.rank, detail, last_seen=beat_at)
             beats[rank.rank] = beat
             self._note_step_time(beat.get("longest_step_s"))
         everyone_training = len(beats) == len(self.ranks) and all(
@@ -189,9 +260,10 @@ class AttemptWatch:
                 detail = (
                     f"step {step} has not advanced for {now - since:.1f}s (allowed {allowance:.1f}s: {rule})"
                 )
-                return Failure("no_progress", rank, detail)
+                return Failure("no_progress", rank, detail, last_seen=since)
             if phase == Phase.SHUTDOWN and watched > r.collective_timeout_s + 30.0:
-                return Failure("stuck_in_shutdown", rank, f"still shutting down after {now - since:.1f}s")
+                detail = f"still shutting down after {now - since:.1f}s"
+                return Failure("stuck_in_shutdown", rank, detail, last_seen=since)
         return None
 
 

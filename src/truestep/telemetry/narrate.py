@@ -48,7 +48,12 @@ class Narrator:
     restored_at: float | None = None
     attempt_started: float | None = None
     restarting: int = 0
+    restart_reason: str = ""
     handoffs: int = 0
+    handoffs_importing: int = 0
+    """Of `handoffs`, standbys still importing when handed their rank (no faster than a cold start)."""
+    committed: set[int] = field(default_factory=set)
+    """Steps whose checkpoint this writer saw committed (checkpoint_commit)."""
 
     def tell(self, record: dict[str, Any]) -> str | None:
         """Say the record's line, if its kind has one; returns what was said."""
@@ -92,15 +97,22 @@ def _signal_received(n: Narrator, r: dict[str, Any]) -> str | None:
 
 def _saved(n: Narrator, r: dict[str, Any]) -> str | None:
     step = r.get("step")
+    if isinstance(step, int):
+        n.committed.add(step)
     if n.stop_step is None or not isinstance(step, int) or step < n.stop_step:
         return None  # an interval save: the progress bar is enough
     return f"saved step {step} (committed and verifiable)"
 
 
 def _already_saved(n: Narrator, r: dict[str, Any]) -> str | None:
-    if n.stop_step is None or r.get("step") != n.stop_step:
+    """The stop's save of a step already being saved is skipped: "already saved" only once that save is
+    committed; before, the commit line follows ("saved step N") and this line says it is coming."""
+    step = r.get("step")
+    if n.stop_step is None or step != n.stop_step:
         return None
-    return f"step {r.get('step')} was already saved"
+    if step in n.committed:
+        return f"step {step} was already saved (committed and verifiable)"
+    return f"step {step} is being saved already (an interval save): waiting for its commit"
 
 
 def _run_end(n: Narrator, r: dict[str, Any]) -> str | None:
@@ -177,19 +189,30 @@ def _attempt_start(n: Narrator, r: dict[str, Any]) -> str | None:
     n.attempt_started = float(r.get("time", 0.0))
     if not n.restarting:
         return None
-    handed, restart = n.handoffs, n.restarting
-    n.restarting = n.handoffs = 0
-    how = f"warm: {handed} standby process(es) took over" if handed else "cold: fresh processes"
-    return f"restarting as attempt {r.get('attempt')} (restart {restart}; {how})"
+    handed, importing, restart, reason = n.handoffs, n.handoffs_importing, n.restarting, n.restart_reason
+    n.restarting = n.handoffs = n.handoffs_importing = 0
+    ready = handed - importing
+    if not handed:
+        how = "cold: fresh processes"
+    elif not importing:
+        how = f"warm: {ready} ready standby process(es) took over"
+    elif not ready:
+        how = f"{importing} standby process(es) still importing took over: no faster than a cold start"
+    else:
+        how = f"warm: {ready} ready standby process(es) took over, {importing} still importing"
+    after = f" after {reason}" if reason else ""
+    return f"restarting as attempt {r.get('attempt')} (restart {restart}{after}; {how})"
 
 
 def _handoff(n: Narrator, r: dict[str, Any]) -> None:
     n.handoffs += 1
+    n.handoffs_importing += 0 if r.get("ready") else 1
     return None
 
 
 def _restart(n: Narrator, r: dict[str, Any]) -> None:
-    n.restarting, n.handoffs = int(r.get("restart", 1)), 0
+    n.restarting, n.handoffs, n.handoffs_importing = int(r.get("restart", 1)), 0, 0
+    n.restart_reason = str(r.get("reason") or "")
     return None
 
 
@@ -205,6 +228,12 @@ def _failure_detected(n: Narrator, r: dict[str, Any]) -> str:
 
 def _supervisor_end(n: Narrator, r: dict[str, Any]) -> str | None:
     outcome, code, restarts = r.get("outcome"), r.get("exit_code"), r.get("restarts", 0)
+    if outcome == "requeue" and r.get("after_failure"):
+        return (
+            f"exit {code} (requeue me): preempted, but a rank failed while the job stopped ({r['after_failure']}), "
+            "so its checkpoint may not be saved; requeue the job or run the same command again: it resumes "
+            "from the newest verified checkpoint"
+        )
     if outcome == "requeue":
         return f"exit {code} (requeue me): preempted, checkpoint saved; requeue the job or run the same command again"
     if outcome == "interrupted":

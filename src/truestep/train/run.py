@@ -104,9 +104,12 @@ def _lost_lease(err: FencedError) -> None:
     os._exit(ExitCode.FENCED)
 
 
-def failure_of(err: BaseException) -> tuple[int, str] | None:
+def failure_of(err: BaseException, supervised: bool = False) -> tuple[int, str] | None:
     """(exit code, one line) for an expected way to stop; None for a bug (which keeps its traceback).
-    `core.errors.expected_failure`, plus what only a training process meets: memory, the process group."""
+    `core.errors.expected_failure`, plus what only a training process meets: memory, the process group.
+    A collective broken because another rank is gone is the echo of that rank's failure, not a network
+    fault: under a supervisor (`supervised`), whose "failure detected" line names the rank, the line
+    says so and points there; without one it says a peer left (gloo's words in parentheses)."""
     failure = expected_failure(err)
     if failure is not None:
         code, line = failure
@@ -120,7 +123,11 @@ def failure_of(err: BaseException) -> tuple[int, str] | None:
         ), f"out of memory: {str(oom).splitlines()[0] if str(oom) else type(oom).__name__}"
     gone = next((peer_left(c) for c in causes(err) if peer_left(c)), None)
     if gone is not None:
-        return int(ExitCode.FAILURE), f"a peer rank left the process group ({gone}); details in events.jsonl"
+        if supervised:
+            line = "stopping: another rank of this job failed (see the supervisor's 'failure detected' line)"
+        else:
+            line = f"stopping: a peer rank left the process group (it exited or was killed; gloo: {gone})"
+        return int(ExitCode.FAILURE), f"{line}; details in events.jsonl"
     dist_error = next((c for c in causes(err) if isinstance(c, torch.distributed.DistError)), None)
     if dist_error is not None:
         return int(ExitCode.FAILURE), f"process group failed: {str(dist_error).splitlines()[0]}"
@@ -183,13 +190,15 @@ def run_training(cfg: JobConfig, launch: Launch, status: RankStatus, attempt: At
             check_run_dir(Path(cfg.run.dir))  # the supervisor checked too; files can appear since
         code = _train(cfg, ctx, status, attempt, rendezvous, hooks, launch)
     except BaseException as err:  # noqa: BLE001 - classified below; a bug is re-raised untouched
-        failure = failure_of(err)
+        failure = failure_of(err, launch.supervised)
         if failure is None:
             raise
         code, line = failure
-        # A refusal every rank shares is printed once; one rank's own failure by that rank.
-        if ctx.is_main or not isinstance(err, TruestepError) or err.rank_local:
-            who = "" if ctx.is_main or not ctx.distributed else f"rank {ctx.rank}: "
+        # A refusal every rank shares is printed once, by rank 0, as the job's; one rank's own failure
+        # by that rank, always saying which (rank 0 too: several ranks may say it, in any order).
+        rank_local = not isinstance(err, TruestepError) or err.rank_local
+        if ctx.is_main or rank_local:
+            who = f"rank {ctx.rank}: " if ctx.distributed and rank_local else ""
             if launch.debug:  # truestep --debug
                 traceback.print_exception(err)
             print(f"truestep train: {who}{line}", file=sys.stderr, flush=True)
@@ -258,7 +267,7 @@ def _train(
         logs.event("run_refused", error=type(err).__name__, message=str(err), exit_code=int(err.exit_code))
         raise
     except BaseException as err:
-        failure = failure_of(err)
+        failure = failure_of(err, launch_supervised)
         if failure is not None:  # expected: one line on stderr, the traceback here
             trace = "".join(traceback.format_exception(err))
             logs.event(

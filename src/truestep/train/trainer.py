@@ -150,6 +150,7 @@ class Trainer:
             torch_version=torch.__version__,
             start_step=self.state.step,
             process_start=truestep.STARTED_AT,
+            handoff_at=truestep.HANDED_OVER_AT,  # a warm standby's rank began here (truestep/__init__.py)
             max_steps=self.cfg.train.max_steps,
             faults=[spec.text for spec in armed_faults()],  # an armed fault is never silent
             state=asdict(self.state),

@@ -38,9 +38,16 @@ def floor_sentence(floor: FloorModel) -> str:
 def faulted_sentence(run: RunAnalysis) -> str:
     assert run.comparison is not None
     c, v = run.comparison, run.verdict
-    kinds = sorted({i.kind for i in run.incidents}) or sorted({f.split(":")[0] for f in run.faults})
+    injected = [i for i in run.incidents if i.origin == "injected"]
+    kinds = sorted({i.kind for i in injected}) or sorted({f.split(":")[0] for f in run.faults})
     what = f"after {plural(len(run.faults), 'injected fault')}"
     what += f" ({', '.join(kinds)})" if kinds else ""
+    others = sorted({i.kind for i in run.incidents if i.origin != "injected"})
+    what += (
+        f", {plural(len(run.incidents) - len(injected), 'failure')} nobody injected ({', '.join(others)})"
+        if others
+        else ""
+    )
     what += f" and {plural(run.resumes, 'resume')}"
     if v.status is Status.BITWISE:
         assert v.evidence is not None

@@ -21,6 +21,17 @@ from truestep.analysis.summary import RunAnalysis
 TEXT_SECTIONS = ("fidelity", "goodput", "badput", "mttr", "checkpoint")
 
 
+def incident_summary(run: RunAnalysis) -> str:
+    """The faults injected, then what else the job recovered from: a failure detected with no fault
+    injected, or a relaunch after a preemption or a lost job (analysis/mttr.py)."""
+    text = f"faults: {'; '.join(run.faults) if run.faults else 'none injected'}"
+    for origin, words in (("detected", "failures detected"), ("relaunch", "relaunches")):
+        found = [i.kind for i in run.incidents if i.origin == origin]
+        if found:
+            text += f"; {words}: {len(found)} ({', '.join(sorted(set(found)))})"
+    return text
+
+
 def render_run_text(run: RunAnalysis, sections: Iterable[str] | None = None) -> str:
     """A compact text block for one run's analysis, for the CLI.
 
@@ -29,10 +40,7 @@ def render_run_text(run: RunAnalysis, sections: Iterable[str] | None = None) -> 
     unknown = want - set(TEXT_SECTIONS)
     if unknown:
         raise ValueError(f"unknown sections {sorted(unknown)}; choose from {list(TEXT_SECTIONS)}")
-    lines = [
-        f"{run.name}: {run.verdict.label}"
-        + f"  (faults: {'; '.join(run.faults) if run.faults else 'none'}; resumes: {run.resumes})"
-    ]
+    lines = [f"{run.name}: {run.verdict.label}  ({incident_summary(run)}; resumes: {run.resumes})"]
 
     def row(label: str, text: str) -> None:
         lines.append(f"  {label:<11} {text}")
@@ -88,9 +96,10 @@ def render_run_text(run: RunAnalysis, sections: Iterable[str] | None = None) -> 
     if "mttr" in want:
         for inc in run.incidents:
             parts = " + ".join(f"{PHASE_LABELS[p]} {fmt_seconds(inc.phases_s[p])}" for p in PHASES)
+            origin = "" if inc.origin == "injected" else f" ({inc.origin})"
             row(
                 "mttr",
-                f"{inc.kind} at step {inc.pre_fault_step}: {fmt_seconds(inc.mttr_s)} = {parts}; "
+                f"{inc.kind}{origin} at step {inc.pre_fault_step}: {fmt_seconds(inc.mttr_s)} = {parts}; "
                 f"regained after {fmt_seconds(inc.regain_s)}",
             )
     if "checkpoint" in want:
