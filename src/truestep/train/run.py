@@ -267,7 +267,7 @@ def _train(
         logs.event("run_refused", error=type(err).__name__, message=str(err), exit_code=int(err.exit_code))
         raise
     except BaseException as err:
-        failure = failure_of(err, launch_supervised)
+        failure = failure_of(err, launch.supervised)
         if failure is not None:  # expected: one line on stderr, the traceback here
             trace = "".join(traceback.format_exception(err))
             logs.event(
