@@ -83,7 +83,8 @@ class FloorModel:
     state_steps: list[int]
     """Checkpoint steps the reference and every repeat kept: where state distances are judged."""
     notes: list[str] = field(default_factory=list)
-    """Floor runs given but not counted as draws, and why (a copy, bit-identical observables)."""
+    """Floor runs given but not counted as draws, and why (a copy, bit-identical observables); and the
+    observables logged rounded, compared at that precision (`precision_notes`)."""
     cross_layout: bool = False
     """Some repeat ran in another layout than the reference (allowed only when asked for)."""
     layouts: list[str] = field(default_factory=list)
@@ -205,10 +206,27 @@ def _statistic(run: dict[int, float], envelope: Envelope) -> float:
 
 
 def _resolutions(ref: RunLog) -> dict[str, dict[int, float]]:
-    return {
+    """Family -> step -> the smallest difference the logs can show: one fp32 ulp of the reference's loss
+    and grad norm, or the rounding step a run declared for an observable (a trainer that logs the loss
+    at 4 decimals cannot show a change below 1e-4), whichever is larger."""
+    found = {
         LOSS: {s: f32_ulp(m["loss"]) for s, m in ref.final_steps.items()},
         GRAD_NORM: {s: f32_ulp(m["grad_norm"]) for s, m in ref.final_steps.items()},
     }
+    for name, step in ref.precision().items():
+        held = found.setdefault(name, {})
+        for s in ref.final_steps:
+            held[s] = max(held.get(s, 0.0), step)
+    return found
+
+
+def precision_notes(ref: RunLog) -> list[str]:
+    """What the report says about observables logged rounded: compared at the precision logged."""
+    return [
+        f"{name} was logged rounded to {step:g} (declared by the run): compared at that precision, "
+        "a smaller change cannot be seen"
+        for name, step in sorted(ref.precision().items())
+    ]
 
 
 def validate_run(run: RunLog, role: str) -> None:
@@ -238,9 +256,11 @@ def validate_run(run: RunLog, role: str) -> None:
     if len(run.fingerprints()) > 1:
         raise RunLogError(f"{where} changed its config between attempts: {', '.join(run.fingerprints())}")
     last = max(run.final_steps)
-    ends = [e for e in run.named("run_end") if e.get("step") == last and "param_digest" in e]
+    digest = run.logs_param_digest()  # a run that declared it cannot log one still must have ended
+    ends = [e for e in run.named("run_end") if e.get("step") == last and ("param_digest" in e or not digest)]
     if not ends:
-        raise RunLogError(f"{where} logged no run_end with a parameter digest at its last step {last}")
+        what = "a run_end with a parameter digest" if digest else "a run_end"
+        raise RunLogError(f"{where} logged no {what} at its last step {last}")
     planned = [e["max_steps"] for e in run.named("run_start") if isinstance(e.get("max_steps"), int)]
     reason = ends[-1].get("reason", "completed")
     if reason not in ("completed", "final") or (planned and last != planned[0]):
@@ -364,7 +384,7 @@ def measure_floor(
         families,
         comparisons,
         steps,
-        notes,
+        notes + precision_notes(ref),
         cross_layout=len(layouts) > 1,
         layouts=layouts,
     )

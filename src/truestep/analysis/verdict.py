@@ -210,7 +210,7 @@ def _final_compared(c: Comparison, floor: FloorModel, judged_ckpts: set[int]) ->
 
 
 def _gaps(c: Comparison, floor: FloorModel, judged_ckpts: set[int], final_ok: bool) -> list[Gap]:
-    gaps = []
+    gaps = [Gap(what, steps, detail) for what, steps, detail in c.declared_gaps]
     if c.missing_steps:
         gaps.append(Gap("the run never logged steps", tuple(c.missing_steps)))
     if c.unverifiable_steps:
