@@ -19,6 +19,7 @@ import json
 import math
 import os
 import struct
+import sys
 import time
 from pathlib import Path
 
@@ -66,6 +67,11 @@ def save_safetensors(path: Path, w: list[float]) -> None:
     path.write_bytes(struct.pack("<Q", len(header)) + header + struct.pack(f"<{len(w)}d", *w))
 
 
+EXTRA_FLAGS = "AUDIT_TEST_FLAGS"
+"""More flags from the environment: the tests give them to the faulted run only (the audit's
+fingerprint is its command line, so the failure-free runs stay comparable)."""
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("run_dir")
@@ -78,7 +84,7 @@ def main() -> None:
     p.add_argument("--fail-on-resume", action="store_true")
     p.add_argument("--noise", action="store_true")
     p.add_argument("--round", type=int)
-    a = p.parse_args()
+    a = p.parse_args(sys.argv[1:] + os.environ.get(EXTRA_FLAGS, "").split())
     run = Path(a.run_dir)
     run.mkdir(parents=True, exist_ok=True)
     ckpt, skip = run / "ckpt.json", {int(s) for s in a.skip_steps.split(",") if s}

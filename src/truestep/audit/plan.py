@@ -118,10 +118,9 @@ def run_one(out: Path, spec: JobSpec, tokens_per_step: int = 1) -> JobRecord:
     return job
 
 
-def judge(out: Path, plan: AuditPlan) -> ExperimentSummary:
-    """The analysis room's verdict on the audit's runs; writes summary.json and the report."""
-    from truestep.analysis.report import write_report
-
+def judge(out: Path, plan: AuditPlan, report: bool = True) -> ExperimentSummary:
+    """The analysis room's verdict on the audit's runs; writes summary.json and (unless `report` is
+    false: tests that need the verdict only) the report."""
     names = [j.name for j in plan.jobs()]
     logs = {name: RunLog.load(out / "runs" / name) for name in names}
     floors = {n: logs[n] for n in names if n.startswith("floor-")}
@@ -130,7 +129,10 @@ def judge(out: Path, plan: AuditPlan) -> ExperimentSummary:
     )
     summary = summarize_groups([group], plan.margin)
     atomic_write(out / "summary.json", to_json(summary).encode())
-    write_report(out, summary)
+    if report:
+        from truestep.analysis.report import write_report
+
+        write_report(out, summary)
     return summary
 
 
@@ -145,7 +147,7 @@ def headline(summary: ExperimentSummary, out: Path) -> list[str]:
     return lines + [f"report: {out / 'report.md'}"]
 
 
-def run_audit(out: Path, plan: AuditPlan) -> int:
+def run_audit(out: Path, plan: AuditPlan, report: bool = True) -> int:
     """Every run, then the verdict: exit 0 preserving, 1 not, 8 incomplete."""
     if (out / "runs").exists() and any((out / "runs").iterdir()):
         raise AuditError(f"{out} already holds runs; use a fresh --out directory")
@@ -155,8 +157,8 @@ def run_audit(out: Path, plan: AuditPlan) -> int:
         faults = ", ".join(f.text for f in spec.faults) or "none"
         say(f"[{index}/{len(jobs)}] {spec.name} (faults: {faults})")
         run_one(out, spec, plan.tokens_per_step)
-    summary = judge(out, plan)
-    for line in headline(summary, out):
+    summary = judge(out, plan, report)
+    for line in headline(summary, out)[: None if report else -1]:
         say(line)
     return summary.verdict.exit_code
 

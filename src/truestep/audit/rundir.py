@@ -150,20 +150,19 @@ def build(job: JobRecord, tokens_per_step: int = 1) -> tuple[list[dict[str, Any]
         a = attempt.number
         events.append({"event": "attempt_start", "time": attempt.started, "attempt": a, "source": "audit"})
         events.append(
-            {
-                "event": "run_start",
-                "time": attempt.started,
-                "attempt": a,
-                "process_start": attempt.started,
-                "config_fingerprint": fingerprint(keys),
-                "trajectory_keys": keys,
-                "layout": LAYOUT,
-                "command": attempt.command,
-                "start_step": lines[0]["step"] - 1 if lines else None,
-                PRECISION: precision,
-                DIGEST_LOGGED: spec.weights is not None,
-                "source": "audit",
-            }
+            dict(
+                event="run_start",
+                time=attempt.started,
+                attempt=a,
+                process_start=attempt.started,
+                config_fingerprint=fingerprint(keys),  # the field analysis/runlog.py reads
+                trajectory_keys=keys,
+                layout=LAYOUT,
+                command=attempt.command,
+                start_step=lines[0]["step"] - 1 if lines else None,
+                source="audit",
+                **{PRECISION: precision, DIGEST_LOGGED: spec.weights is not None},
+            )
         )
         events += _restart_events(job, attempt, lines, first_ever)
         if lines and first_ever is None:

@@ -1,0 +1,112 @@
+"""`truestep audit` against a plain-Python trainer (tests/audit_trainers/toy_trainer.py: real processes,
+real signals to their process group, milliseconds to start): what the audit must say about resumes that
+are correct, broken, or never happened."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from audit_cases import audit_faulted, command, failure_free, gap_texts, make_plan
+from truestep.analysis.verdict import Status
+
+pytestmark = pytest.mark.multiprocess
+
+TOY = command("toy_trainer.py")
+
+
+@pytest.fixture(scope="module")
+def exact(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, object]:
+    plan = make_plan(TOY, "jsonl:log.jsonl", weights="final.safetensors")
+    return failure_free(tmp_path_factory.mktemp("toy") / "base", plan), plan
+
+
+@pytest.fixture(scope="module")
+def noisy(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, object]:
+    """A trainer that is not bitwise deterministic and logs its loss at 4 decimals."""
+    plan = make_plan(command("toy_trainer.py", "--noise", "--round", "4"), "jsonl:log.jsonl")
+    return failure_free(tmp_path_factory.mktemp("toy-noisy") / "base", plan), plan
+
+
+def test_cli_judges_a_correct_resume_preserving_after_a_kill_and_a_term(tmp_path: Path) -> None:
+    """The whole command: exit 0, the report, summary.json and experiment.json that `truestep report`
+    reads, the inferred resumes and the faults in the run's events."""
+    out = tmp_path / "audit"
+    proc = subprocess.run(
+        [sys.executable, "-m", "truestep", "audit", "--out", str(out), "--logs", "jsonl:log.jsonl",
+         "--weights", "final.safetensors", "--fault", "kill@step=4", "--fault", "term@step=9", "--grace", "5",
+         "--", *TOY],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "PASS: `faulted` bitwise: 12/12 steps" in proc.stdout and "final parameters" in proc.stdout
+    summary = json.loads((out / "summary.json").read_text())
+    run = summary["groups"][0]["runs"]["faulted"]
+    assert run["resumes"] == 2 and run["faults"] == ["kill@step=4", "term@step=9"]
+    assert [i["kind"] for i in run["incidents"]] == ["kill", "term"]
+    assert all(i["mttr_s"] is not None and i["mttr_s"] > 0 for i in run["incidents"])
+    assert "**PASS**" in (out / "report.md").read_text()
+    events = [json.loads(x) for x in (out / "runs/faulted/events.jsonl").read_text().splitlines()]
+    restores = [e for e in events if e["event"] == "checkpoint_restore"]
+    assert [(e["step"], e["inferred"]) for e in restores] == [(4, True), (8, True)]
+
+
+def test_a_restart_that_starts_over_is_never_preserving(exact, tmp_path: Path) -> None:
+    base, plan = exact
+    summary, run = audit_faulted(base, tmp_path / "a", plan, ["kill@step=6"], "--no-resume")
+    assert run.verdict.status is Status.INCOMPLETE and summary.verdict.exit_code == 8
+    assert "the restart did not resume: it started over from the first step" in gap_texts(run)
+
+
+def test_a_fault_that_never_fires_is_incomplete(exact, tmp_path: Path) -> None:
+    base, plan = exact
+    summary, run = audit_faulted(base, tmp_path / "a", plan, ["kill@step=99"])
+    assert run.verdict.status is Status.INCOMPLETE and summary.verdict.exit_code == 8
+    assert "the fault never fired (kill@step=99" in gap_texts(run)
+
+
+def test_missing_steps_are_never_preserving(exact, tmp_path: Path) -> None:
+    base, plan = exact
+    summary, run = audit_faulted(base, tmp_path / "a", plan, ["kill@step=6"], "--skip-steps 9,10")
+    assert summary.verdict.exit_code == 8 and "the run never logged steps 9-10" in gap_texts(run)
+
+
+def test_a_restart_that_never_resumes_gives_up_incomplete(exact, tmp_path: Path) -> None:
+    base, plan = exact
+    summary, run = audit_faulted(base, tmp_path / "a", plan, ["kill@step=6"], "--fail-on-resume")
+    assert summary.verdict.exit_code == 8
+    assert "the command did not finish (still not finished after 4 restarts" in gap_texts(run)
+
+
+def test_momentum_not_restored_is_violated(exact, tmp_path: Path) -> None:
+    base, plan = exact
+    summary, run = audit_faulted(base, tmp_path / "a", plan, ["kill@step=6"], "--lose-momentum")
+    assert summary.verdict.exit_code == 1 and run.verdict.status is Status.VIOLATED
+    # Resumed at step 4: step 5's loss is of the restored weights, step 6's of an update without momentum.
+    assert run.verdict.violation is not None and run.verdict.violation.step == 6
+
+
+def test_a_nondeterministic_trainer_gets_a_floor_not_a_false_alarm(noisy, tmp_path: Path) -> None:
+    """Noise of 1e-9 between same-seed runs: a correct resume stays within the floor (incomplete only for
+    the final parameters, which a digest cannot judge at a nonzero floor and no --weights gave)."""
+    base, plan = noisy
+    summary, run = audit_faulted(base, tmp_path / "a", plan, ["kill@step=6"])
+    floor = summary.groups[0].floor
+    assert not floor.bitwise and floor.k == 2 and not floor.insufficient
+    assert run.verdict.status is Status.INCOMPLETE and run.verdict.violation is None
+    assert [g.what for g in run.verdict.gaps] == ["final parameters not compared at step"]
+
+
+def test_a_rounded_loss_is_compared_at_its_precision_and_a_broken_resume_still_shows(
+    noisy, tmp_path: Path
+) -> None:
+    base, plan = noisy
+    summary, run = audit_faulted(base, tmp_path / "a", plan, ["kill@step=6"], "--lose-momentum")
+    floor = summary.groups[0].floor
+    assert any("loss was logged rounded to 0.0001" in note for note in floor.notes)
+    assert min(floor.families["loss"].envelope.values) >= 1e-4
+    assert run.verdict.status is Status.VIOLATED and summary.verdict.exit_code == 1
