@@ -209,6 +209,8 @@ def _attempt(spec: JobSpec, job: JobRecord, number: int, watcher: _Watcher, log:
             )
             if delivered and fault.kind == "term":
                 term_deadline = time.time() + spec.grace_s
+            elif delivered:
+                proc.wait()  # SIGKILL cannot be caught: the exit is when the kernel has taken the process
         attempt.exit_code = proc.wait()
         attempt.exited = time.time()
     finally:
