@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -53,6 +54,23 @@ def test_cli_judges_a_correct_resume_preserving_after_a_kill_and_a_term(tmp_path
     events = [json.loads(x) for x in (out / "runs/faulted/events.jsonl").read_text().splitlines()]
     restores = [e for e in events if e["event"] == "checkpoint_restore"]
     assert [(e["step"], e["inferred"]) for e in restores] == [(4, True), (8, True)]
+
+
+def test_a_kill_at_a_time_and_a_term_that_is_ignored_then_forced(exact, tmp_path: Path) -> None:
+    """kill@time fires on the run's clock; a job that ignores SIGTERM is killed after the grace period
+    (make_plan: 5 s, here 0.3 s), and both restarts resume (the faulted run saves every step and takes
+    0.2 s a step, so wherever the faults land there is a checkpoint, and time left to force the term)."""
+    base, plan = exact
+    plan = replace(plan, grace_s=0.3)
+    flags = "--ignore-term --save-every 1 --sleep 0.2"
+    summary, run = audit_faulted(base, tmp_path / "a", plan, ["kill@time=1.5", "term@step=8"], flags)
+    assert run.verdict.status is Status.BITWISE and summary.verdict.exit_code == 0, run.verdict.label
+    events = [json.loads(x) for x in (tmp_path / "a/runs/faulted/events.jsonl").read_text().splitlines()]
+    faults = [e for e in events if e["event"] == "fault_injected"]
+    forced = [(e["spec"], e["forced_at"] is not None) for e in faults]
+    assert forced == [("kill@time=1.5", False), ("term@step=8", True)]
+    assert faults[1]["forced_at"] - faults[1]["time"] >= 0.3
+    assert run.resumes == 2
 
 
 def test_a_restart_that_starts_over_is_never_preserving(exact, tmp_path: Path) -> None:

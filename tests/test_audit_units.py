@@ -264,6 +264,12 @@ def test_a_restart_that_logs_nothing_is_no_resume(failure_free: Path) -> None:
     assert verdict.status is Status.INCOMPLETE and verdict.gaps[0].what == "no resume was observed"
 
 
+def test_a_fault_before_the_first_step_exercised_no_resume(failure_free: Path) -> None:
+    verdict = judge(failure_free, job(failure_free, "faulted", [[], STEPS], ["kill@time=0.1"]))
+    assert verdict.status is Status.INCOMPLETE
+    assert verdict.gaps[0].what == "the fault came before the first logged step"
+
+
 def test_a_wrong_step_after_the_resume_is_violated(failure_free: Path) -> None:
     wrong = STEPS[4:6] + [(7, 0.5)] + STEPS[7:]
     verdict = judge(failure_free, job(failure_free, "faulted", [STEPS[:6], wrong], ["kill@step=6"]))

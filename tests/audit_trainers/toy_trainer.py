@@ -10,6 +10,7 @@ Switches that break it the ways the audit must report:
   --fail-on-resume   a restart crashes (exit 1) whenever a checkpoint exists: it never resumes
   --noise            gradients carry run-to-run noise (a trainer that is not bitwise deterministic)
   --round D          the loss is logged rounded to D decimals
+  --ignore-term      SIGTERM is ignored (a job that does not stop when preempted)
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import argparse
 import json
 import math
 import os
+import signal
 import struct
 import sys
 import time
@@ -84,7 +86,10 @@ def main() -> None:
     p.add_argument("--fail-on-resume", action="store_true")
     p.add_argument("--noise", action="store_true")
     p.add_argument("--round", type=int)
+    p.add_argument("--ignore-term", action="store_true")
     a = p.parse_args(sys.argv[1:] + os.environ.get(EXTRA_FLAGS, "").split())
+    if a.ignore_term:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
     run = Path(a.run_dir)
     run.mkdir(parents=True, exist_ok=True)
     ckpt, skip = run / "ckpt.json", {int(s) for s in a.skip_steps.split(",") if s}
@@ -102,12 +107,12 @@ def main() -> None:
             step += 1
             if a.round is not None:
                 loss = round(loss, a.round)
+            if step % a.save_every == 0:  # before the step is logged: a logged step is a saved one
+                save_json(ckpt, {"step": step, "w": w, "m": m})
             if step not in skip:
                 line = {"step": step, "loss": loss, "grad_norm": norm, "lr": lr, "time": time.time()}
                 log.write(json.dumps(line) + "\n")
                 log.flush()
-            if step % a.save_every == 0:
-                save_json(ckpt, {"step": step, "w": w, "m": m})
             time.sleep(a.sleep)
     save_safetensors(run / "final.safetensors", w)
 

@@ -171,6 +171,11 @@ def build(job: JobRecord, tokens_per_step: int = 1) -> tuple[list[dict[str, Any]
             what = f"steps logged without {' or '.join(REQUIRED)}"
             events.append(_gap(what, f"attempt {a}", attempt.started, incomplete))
         for fired in (f for f in job.fired if f.attempt == a):
+            if fired.delivered and fired.step is None:
+                detail = (
+                    f"{fired.spec.text} stopped attempt {a} before it logged a step: no resume was exercised"
+                )
+                events.append(_gap("the fault came before the first logged step", detail, t=fired.time))
             if fired.delivered:
                 events.append(
                     {
