@@ -47,7 +47,9 @@ def test_a_correct_trainer_resume_is_bitwise(judged) -> None:
     assert run.verdict.status is Status.BITWISE, run.verdict.label
     assert summary.verdict.exit_code == 0 and restored_at(run) in ([4], [8])
     assert run.verdict.evidence is not None and run.verdict.evidence.final_parameters
-    assert run.verdict.evidence.replays >= 1  # the killed attempt's steps after the checkpoint, recomputed
+    # The killed attempt's steps past the checkpoint, recomputed, each next to its pre-fault line.
+    (resumed,) = restored_at(run)
+    assert run.verdict.evidence.replays == run.incidents[0].pre_fault_step - resumed
 
 
 def test_ignore_data_skip_is_caught(judged) -> None:
