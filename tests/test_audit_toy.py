@@ -4,6 +4,7 @@ are correct, broken, or never happened."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import subprocess
 import sys
@@ -52,6 +53,9 @@ def test_cli_judges_a_correct_resume_preserving_after_a_kill_and_a_term(tmp_path
     assert all(i["mttr_s"] is not None and i["mttr_s"] > 0 for i in run["incidents"])
     assert "**PASS**" in (out / "report.md").read_text()
     events = [json.loads(x) for x in (out / "runs/faulted/events.jsonl").read_text().splitlines()]
+    (start, *_) = [e for e in events if e["event"] == "run_start"]
+    script = TOY[1]
+    assert start["command_files"][script] == "sha256:" + hashlib.sha256(Path(script).read_bytes()).hexdigest()
     restores = [e for e in events if e["event"] == "checkpoint_restore"]
     assert [(e["step"], e["inferred"]) for e in restores] == [(4, True), (8, True)]
 

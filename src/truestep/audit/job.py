@@ -24,10 +24,12 @@ from pathlib import Path
 from truestep.audit.readers import Record, read_logs
 from truestep.audit.spec import FaultSpec, LogSpec, resolve_in, substitute
 from truestep.audit.weights import WeightsFileError, weights_digest
-from truestep.core.fsio import make_dir
+from truestep.core.fsio import make_dir, sha256_file
 
 POLL_S = 0.1
 """Log polling period (stretched to twice the time a read takes, for large logs)."""
+MAX_HASHED = 256 << 20
+"""Files of the command line larger than this are named, not hashed."""
 REAP_S = 10.0
 """How long the audit waits for a killed process group to be gone before it says so."""
 
@@ -69,6 +71,9 @@ class Attempt:
     """When the whole process group was gone (None: something was still there after REAP_S)."""
     problems: list[str] = field(default_factory=list)
     """What the last read of the logs could not use."""
+    files: dict[str, str] = field(default_factory=dict)
+    """Each argument of the command that names an existing file (the interpreter, the script, a config)
+    -> its SHA-256 when the attempt started: the code's provenance, as far as a black box shows it."""
 
     @property
     def steps(self) -> list[int]:
@@ -159,6 +164,21 @@ class _Watcher:
         attempt.problems = read.problems
 
 
+def command_files(command: list[str]) -> dict[str, str]:
+    """argument -> `sha256:<hex>` of the file it names (followed to its target: the user's own command
+    line), `too large` beyond MAX_HASHED; arguments that name no regular file are left out."""
+    found = {}
+    for arg in dict.fromkeys(command):
+        try:
+            path = Path(arg).resolve()
+            if not path.is_file():
+                continue
+            found[arg] = "too large" if path.stat().st_size > MAX_HASHED else "sha256:" + sha256_file(path)
+        except (OSError, ValueError):
+            continue  # not a file we can read: nothing to record
+    return found
+
+
 def _due(fault: FaultSpec, attempt: Attempt, now: float, job_start: float) -> bool:
     if fault.trigger == "time":
         return now - job_start >= fault.value
@@ -168,10 +188,11 @@ def _due(fault: FaultSpec, attempt: Attempt, now: float, job_start: float) -> bo
 def _attempt(spec: JobSpec, job: JobRecord, number: int, watcher: _Watcher, log: Path) -> Attempt:
     command = substitute(spec.command, job.job_dir)
     env = {**os.environ, **(spec.env or {})}
+    files = command_files(command)  # before the clock starts: hashing is the audit's time, not the job's
     with open(log, "a") as out:
         out.write(f"=== truestep audit: attempt {number}: {' '.join(command)}\n")
         out.flush()
-        attempt = Attempt(number, command, time.time())
+        attempt = Attempt(number, command, time.time(), files=files)
         proc = subprocess.Popen(
             command, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
         )

@@ -159,6 +159,7 @@ def build(job: JobRecord, tokens_per_step: int = 1) -> tuple[list[dict[str, Any]
                 trajectory_keys=keys,
                 layout=LAYOUT,
                 command=attempt.command,
+                command_files=attempt.files,
                 start_step=lines[0]["step"] - 1 if lines else None,
                 source="audit",
                 **{PRECISION: precision, DIGEST_LOGGED: spec.weights is not None},
