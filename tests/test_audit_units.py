@@ -60,9 +60,11 @@ def test_arguments_are_checked(tmp_path: Path) -> None:
             ["--out", "o", "--logs", "hf:x", "--fault", "kill@step=3", "--weights", "/w.pt", "--", "t"],
             "{run_dir}",
         ),
+        (["--out", "o", "--logs", "hf:x", "--fault", "kill@step=3", "--", "no-such-trainer"], "cannot start"),
     ],
 )
-def test_bad_arguments_are_one_line_and_exit_2(argv: list[str], says: str, capsys) -> None:
+def test_bad_arguments_are_one_line_and_exit_2(argv: list[str], says: str, capsys, tmp_path: Path) -> None:
+    argv = [str(tmp_path / "o") if a == "o" else a for a in argv]
     assert main(["audit", *argv]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and says in err[0] and err[0].startswith("truestep audit: ")

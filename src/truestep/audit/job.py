@@ -24,6 +24,7 @@ from pathlib import Path
 from truestep.audit.readers import Record, read_logs
 from truestep.audit.spec import FaultSpec, LogSpec, resolve_in, substitute
 from truestep.audit.weights import WeightsFileError, weights_digest
+from truestep.core.errors import UsageError
 from truestep.core.fsio import make_dir, sha256_file
 
 POLL_S = 0.1
@@ -193,9 +194,12 @@ def _attempt(spec: JobSpec, job: JobRecord, number: int, watcher: _Watcher, log:
         out.write(f"=== truestep audit: attempt {number}: {' '.join(command)}\n")
         out.flush()
         attempt = Attempt(number, command, time.time(), files=files)
-        proc = subprocess.Popen(
-            command, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
-        )
+        try:
+            proc = subprocess.Popen(
+                command, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            )
+        except OSError as err:  # not found, not executable: the command line is wrong, not the job
+            raise UsageError(f"cannot start the command {command[0]!r}: {err.strerror or err}") from err
     pgid, term_deadline = proc.pid, None
     try:
         while proc.poll() is None:
