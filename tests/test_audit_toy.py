@@ -129,6 +129,9 @@ def test_a_rounded_loss_is_compared_at_its_precision_and_a_broken_resume_still_s
     base, plan = noisy
     summary, run = audit_faulted(base, tmp_path / "a", plan, ["kill@step=6"], "--lose-momentum")
     floor = summary.groups[0].floor
-    assert any("loss was logged rounded to 0.0001" in note for note in floor.notes)
+    assert floor.precision == [
+        "loss was logged rounded to 0.0001 (declared by the run): compared at that precision, "
+        "a smaller change cannot be seen"
+    ]
     assert min(floor.families["loss"].envelope.values) >= 1e-4
     assert run.verdict.status is Status.VIOLATED and summary.verdict.exit_code == 1

@@ -285,3 +285,18 @@ def test_without_weights_the_reference_serves_and_the_final_parameters_are_a_gap
     assert verdict.status is Status.INCOMPLETE
     assert [g.what for g in verdict.gaps] == ["final parameters not compared at step"]
     assert "lr" not in RunLog.load(tmp_path / "faulted").metrics[0]  # lr is not required of a line
+
+
+def test_a_rounded_loss_is_declared_and_the_report_says_so(tmp_path: Path) -> None:
+    from truestep.analysis.floor import measure_floor
+    from truestep.analysis.report.sections import floor_blocks
+
+    rounded = [(s, round(1.0 / s, 4)) for s in range(1, 9)]
+    for name in ("reference", "floor-1"):
+        job(tmp_path, name, [rounded])
+    ref = RunLog.load(tmp_path / "reference")
+    assert ref.precision() == {"loss": 1e-4}
+    floor = measure_floor(ref, [RunLog.load(tmp_path / "floor-1")], read_state=False)
+    table = floor_blocks(floor)[0]
+    assert ["logged precision", floor.precision[0]] in [list(row) for row in table.rows]
+    assert floor.precision[0].startswith("loss was logged rounded to 0.0001")

@@ -83,12 +83,14 @@ class FloorModel:
     state_steps: list[int]
     """Checkpoint steps the reference and every repeat kept: where state distances are judged."""
     notes: list[str] = field(default_factory=list)
-    """Floor runs given but not counted as draws, and why (a copy, bit-identical observables); and the
-    observables logged rounded, compared at that precision (`precision_notes`)."""
+    """Floor runs given but not counted as draws, and why (a copy, bit-identical observables)."""
     cross_layout: bool = False
     """Some repeat ran in another layout than the reference (allowed only when asked for)."""
     layouts: list[str] = field(default_factory=list)
     """The layouts of the reference and the repeats, reference first."""
+    precision: list[str] = field(default_factory=list)
+    """One phrase per observable the reference declared it logged rounded: compared at that precision
+    (`precision_notes`)."""
 
     @property
     def k(self) -> int:
@@ -384,7 +386,8 @@ def measure_floor(
         families,
         comparisons,
         steps,
-        notes + precision_notes(ref),
+        notes,
         cross_layout=len(layouts) > 1,
         layouts=layouts,
+        precision=precision_notes(ref),
     )

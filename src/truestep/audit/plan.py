@@ -140,7 +140,7 @@ def headline(summary: ExperimentSummary, out: Path) -> list[str]:
     group = summary.groups[0]
     run = group.runs[FAULTED]
     lines = [f"{summary.verdict.head}: `{FAULTED}` {run.verdict.label}", f"floor: {group.floor.label}"]
-    lines += [f"note: {n}" for n in group.floor.notes]
+    lines += [f"note: {n}" for n in group.floor.notes + group.floor.precision]
     lines += [f"MISSING: {gap.text}" for gap in run.verdict.gaps]
     if run.mean_mttr_s is not None:
         lines.append(f"mean time to recovery: {run.mean_mttr_s:.2f} s over {len(run.incidents)} fault(s)")
