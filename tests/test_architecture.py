@@ -20,7 +20,7 @@ TIERS = [
     {"checkpoint"},
     {"train", "interop"},
     {"analysis"},
-    {"experiment"},
+    {"experiment", "audit"},
     {"plan"},
     {"cli"},
 ]

@@ -22,6 +22,8 @@ commands:
   fidelity RUN --reference REF [--floor F ...]  trajectory fidelity of a run (exit 1: not preserving)
   goodput RUN [--reference REF [--floor F ...]]  correct goodput, badput, MTTR of a run
   report DIR                                 report.md + report.html for an experiment directory
+  audit --out DIR --logs FORMAT:PATH --fault SPEC [--repeats K] [--weights PATH] -- COMMAND ARGS...
+                                             does YOUR trainer resume correctly? (docs/audit.md)
   plan [--from RUN_OR_EXPERIMENT] [--config plan.toml] [--section.key=value ...]
                                              simulated goodput at a target size, and what buys it
   export CKPT --to hf|torch DEST [--dtype bf16]  consolidate a checkpoint for Hugging Face / plain torch
@@ -69,6 +71,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "goodput": ("truestep.cli.instrument", "goodput_main"),
     "report": ("truestep.cli.instrument", "report_main"),
     "demo": ("truestep.cli.instrument", "demo_main"),
+    "audit": ("truestep.cli.audit", "audit_main"),
     "plan": ("truestep.cli.plan", "plan_main"),
     "ckpt": ("truestep.cli.ckpt", "ckpt_main"),
     "export": ("truestep.cli.interop", "export_main"),

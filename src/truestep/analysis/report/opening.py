@@ -11,7 +11,8 @@ from truestep.analysis.verdict import Status
 
 def floor_sentence(floor: FloorModel) -> str:
     k = floor.k
-    notes = (" " + " ".join(f"({n})" for n in floor.notes)) if floor.notes else ""
+    said = floor.notes + floor.precision
+    notes = (" " + " ".join(f"({n})" for n in said)) if said else ""
     if not k:
         return "No floor was measured: exact equality with the reference is assumed." + notes
     repeats = plural(k, "distinct same-seed repeat")

@@ -41,6 +41,7 @@ def floor_blocks(floor: FloorModel) -> list[Block]:
             )
         )
     rows += [("not counted", note) for note in floor.notes]
+    rows += [("logged precision", note) for note in floor.precision]
     blocks: list[Block] = [kv_table(rows)]
     if floor.bitwise:
         return blocks
