@@ -259,7 +259,7 @@ class Supervisor:
         self.outcome = outcome
         self.events.write(
             {"event": "supervisor_end", "attempt": self.attempt, "outcome": outcome, "restarts": restarts,
-             "exit_code": code, "link_refused": self.nodes.link_refused}
+             "exit_code": code, "link_refused": self.nodes.link_refused, "link_errors": self.nodes.link_errors}
         )  # fmt: skip
         return code
 
