@@ -44,6 +44,7 @@ from truestep.core.outside import confined as outside_confined
 from truestep.data.errors import DataError
 from truestep.data.tokenizer import HFTokenizer
 from truestep.data.tokenizer_files import GENERATION_CONFIG, TOKENIZER_FILES, TOKENIZER_JSON
+from truestep.data.tokenizer_read import parse_json_object
 from truestep.interop.errors import InteropError
 from truestep.interop.hf_config import (
     ARCHITECTURE,
@@ -316,6 +317,11 @@ def _tokenizer_files(hf_dir: Path, special: dict[str, Any]) -> dict[str, bytes]:
                 )
             except OversizeFileError as err:
                 raise InteropError(str(err)) from None
+            if name.endswith(".json") and name != TOKENIZER_JSON:  # kept, and exported: JSON objects only
+                try:
+                    parse_json_object(files[name], hf_dir / name)
+                except DataError as err:
+                    raise InteropError(str(err)) from None
     eos = special.get("eos_token_id")
     try:
         HFTokenizer(hf_dir / TOKENIZER_JSON, eos_id=(eos[0] if isinstance(eos, list) else eos))
