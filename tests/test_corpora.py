@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import numpy as np
@@ -292,7 +293,7 @@ def test_bos_follows_the_tokenizer_config_or_the_flag(tmp_path: Path) -> None:
 
 KILLER = textwrap.dedent(
     """
-    import os, signal, sys
+    import multiprocessing, os, signal, sys
     from truestep.data import prepare_data
     from truestep.data import readers
     readers.CHUNK_BYTES = 400
@@ -300,6 +301,7 @@ KILLER = textwrap.dedent(
     def progress(p):
         calls.append(p)
         if len(calls) == int(sys.argv[3]):
+            print(*[child.pid for child in multiprocessing.active_children()], flush=True)  # the workers
             os.kill(os.getpid(), signal.SIGKILL)  # a real kill, between two chunks
     prepare_data([sys.argv[1]], sys.argv[2], shard_tokens=500, workers=int(sys.argv[4]), progress=progress)
     """
@@ -312,10 +314,19 @@ def test_killed_prepare_data_resumes_to_the_same_shards(tmp_path: Path, workers:
     reference = prepare_data([source], tmp_path / "ref", shard_tokens=500)
     out = tmp_path / "out"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    killed = subprocess.run(
-        [sys.executable, "-c", KILLER, str(source), str(out), "12", str(workers)], env=env, timeout=120
-    )
+    said = tmp_path / "workers.txt"  # a file, not a pipe: workers that outlive it must not hold run() up
+    with open(said, "w") as stdout:
+        killed = subprocess.run(
+            [sys.executable, "-c", KILLER, str(source), str(out), "12", str(workers)],
+            env=env, timeout=120, stdout=stdout,
+        )  # fmt: skip
     assert killed.returncode == -signal.SIGKILL
+    workers_left = [int(pid) for pid in said.read_text().split()]
+    assert len(workers_left) == (workers if workers > 1 else 0), said.read_text()
+    deadline = time.monotonic() + 10
+    while any(Path(f"/proc/{pid}").exists() for pid in workers_left):  # they die with it
+        assert time.monotonic() < deadline, f"prepare-data's workers {workers_left} outlived it"
+        time.sleep(0.05)
     assert not (out / "meta.json").exists()  # never looks complete
     journal = json.loads((out / JOURNAL_NAME).read_text())
     assert len(journal["shards"]) >= 3

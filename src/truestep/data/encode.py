@@ -8,9 +8,12 @@ the tokens are the same either way.
 
 from __future__ import annotations
 
+import ctypes
 import json
+import multiprocessing
 import os
 import signal
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,6 +38,7 @@ BAD_CLASSES = (
 )
 """The bad-input classes `--skip-bad` counts in meta.json (`skipped`)."""
 EXAMPLES_KEPT = 20
+PR_SET_PDEATHSIG = 1
 
 
 @dataclass(frozen=True)
@@ -232,7 +236,18 @@ def init_worker(spec: EncoderSpec, in_subprocess: bool = True) -> None:
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     if in_subprocess:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's to handle
+        _die_with_parent()
     _ENCODER = Encoder(spec)
+
+
+def _die_with_parent() -> None:
+    """A worker ends with the prepare-data that spawned it: killed (SIGKILL, out of memory), it cannot
+    shut its pool down, and its workers would wait on each other's pipe ends forever."""
+    parent = multiprocessing.parent_process()
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if parent is not None and os.getppid() != parent.pid:  # it died before the request was made
+        os._exit(1)
 
 
 def encode_chunk(chunk: Chunk) -> ChunkResult:
