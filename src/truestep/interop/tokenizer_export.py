@@ -21,6 +21,7 @@ from truestep.checkpoint.state import read_rank_state
 from truestep.checkpoint.weights import WEIGHTS_INFO_FILE
 from truestep.config.schema import ModelConfig
 from truestep.core.fsio import OversizeFileError, UnsafePathError, atomic_write, read_regular
+from truestep.core.outside import OutsideJsonError, loads_bounded
 from truestep.data.errors import DataError
 from truestep.data.meta import read_meta
 from truestep.data.tokenizer import ByteTokenizer, HFTokenizer
@@ -114,8 +115,14 @@ def bundled_generation(files: tuple[Path, ...]) -> dict[str, Any]:
     if path is None:
         return {}
     try:
-        data = json.loads(read_regular(path, MAX_GENERATION_CONFIG_BYTES, follow_symlinks=False))
-    except (OSError, UnsafePathError, OversizeFileError, ValueError, RecursionError) as err:
+        # Strict: its defaults are exported as they are, and an export writes only strict JSON (NaN and
+        # Infinity are not JSON: a loader elsewhere refuses the file).
+        data = loads_bounded(
+            read_regular(path, MAX_GENERATION_CONFIG_BYTES, follow_symlinks=False), str(path)
+        )
+    except OutsideJsonError as err:
+        raise InteropError(str(err)) from None
+    except (OSError, UnsafePathError, OversizeFileError) as err:
         raise InteropError(f"{path}: unreadable: {err}") from None
     if not isinstance(data, dict):
         raise InteropError(f"{path} is not a JSON object")

@@ -11,6 +11,12 @@ One thread and non-blocking sockets, so strangers cost neither threads nor unbou
   not prove the key is dropped without an answer. Only a proven hello reaches `admit`, which decides
   (and answers, sealed) whether this node may join.
 Nothing an unauthenticated connection sends can change the job: it is counted (`refused`) and dropped.
+
+The loop survives anything one connection does: an event for a connection dropped earlier in the same
+`select()` batch (evicted by a newer one) is ignored, and any error while handling one connection drops
+that connection (counted as `error`), never the gate. Should the loop itself fail anyway, the gate
+records why (`failure`) before it closes the listener, and the hub's supervisor fails in one line
+saying so (resilience/peers.py): a closed port is never silent.
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ import selectors
 import socket
 import threading
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -55,27 +61,56 @@ class Gate:
         self.refused: Counter[str] = Counter()
         """Connections dropped before they proved the key, by reason (told in the supervisor's end event)."""
         self.pending: dict[int, _Pending] = {}
+        self.errors: deque[str] = deque(maxlen=8)
+        """The latest errors that dropped a connection (`refused["error"]` counts them all)."""
+        self.failure: str | None = None
+        """Why the loop ended other than by `stop` (set before the listener closes); None while it serves."""
         self._selector = selectors.DefaultSelector()
         listener.setblocking(False)
         self._selector.register(listener, selectors.EVENT_READ)
 
     def serve(self) -> None:
-        """Run until `stop` is set; then close what is still pending and the listener."""
+        """Run until `stop` is set; then close what is still pending and the listener. Should the loop
+        fail, `failure` says why before the listener closes."""
         try:
             while not self.stop.is_set():
-                for key, _ in self._selector.select(POLL_S):
-                    if key.fileobj is self.listener:
-                        self._accept()
-                    else:
-                        self._read(self.pending[key.fd])
-                now = time.monotonic()
-                for pending in [p for p in self.pending.values() if p.deadline < now]:
-                    self._drop(pending, "too_slow")
+                self.step(POLL_S)
+        except BaseException as err:  # noqa: BLE001 - not swallowed: the hub's supervisor fails on `failure`
+            self.failure = f"{type(err).__name__}: {' '.join(str(err).split())[:200]}"
         finally:
             for pending in list(self.pending.values()):
                 self._drop(pending, "closed_at_end")
             self._selector.close()
             self.listener.close()
+
+    def step(self, timeout: float) -> None:
+        """One pass of the loop: wait up to `timeout` for connections and bytes, handle them, drop the
+        connections past their deadline."""
+        for key, _ in self._selector.select(timeout):
+            if key.fileobj is self.listener:
+                try:
+                    self._accept()
+                except Exception as err:  # noqa: BLE001 - a connection that breaks as it arrives is dropped
+                    self._error(err)
+                continue
+            pending = key.data
+            if self.pending.get(key.fd) is not pending:
+                continue  # dropped earlier in this batch (evicted by a newer connection): nothing to read
+            try:
+                self._read(pending)
+            except Exception as err:  # noqa: BLE001 - one connection's trouble is that connection's end
+                self._error(err)
+                if self.pending.get(key.fd) is pending:
+                    self._release(pending)
+                with contextlib.suppress(OSError):
+                    pending.sock.close()
+        now = time.monotonic()
+        for pending in [p for p in self.pending.values() if p.deadline < now]:
+            self._drop(pending, "too_slow")
+
+    def _error(self, err: Exception) -> None:
+        self.refused["error"] += 1
+        self.errors.append(f"{type(err).__name__}: {' '.join(str(err).split())[:200]}")
 
     def _accept(self) -> None:
         try:
@@ -86,7 +121,15 @@ class Gate:
             self.refused["accept_failed"] += 1
             time.sleep(POLL_S)
             return
-        source = str(address[0])
+        try:
+            self._challenge(sock, str(address[0]))
+        except BaseException:
+            sock.close()
+            raise
+
+    def _challenge(self, sock: socket.socket, source: str) -> None:
+        """Make room for a new connection from `source` (evicting the oldest waiting one over a limit),
+        send it a fresh challenge and wait for its hello."""
         same = [p for p in self.pending.values() if p.source == source]
         if len(same) >= MAX_PENDING_PER_SOURCE:
             self._drop(min(same, key=lambda p: p.deadline), "evicted")
@@ -100,8 +143,8 @@ class Gate:
             self.refused["closed"] += 1
             sock.close()
             return
+        self._selector.register(sock, selectors.EVENT_READ, pending)
         self.pending[sock.fileno()] = pending
-        self._selector.register(sock, selectors.EVENT_READ)
 
     def _read(self, pending: _Pending) -> None:
         try:

@@ -75,6 +75,11 @@ class JobNodes:
         """Connections node 0's link dropped before they proved the key, by reason (none elsewhere)."""
         return self.peers.refused if isinstance(self.peers, Hub) else {}
 
+    @property
+    def link_errors(self) -> list[str]:
+        """The latest errors that made node 0's link drop a connection (its `error` count), for the end event."""
+        return self.peers.gate_errors if isinstance(self.peers, Hub) else []
+
     # --- between attempts ---------------------------------------------------------------------------
 
     def next_attempt(self, lease: RunDirLease, after: int) -> tuple[int, str | None]:

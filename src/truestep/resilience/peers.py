@@ -34,7 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from truestep.core.errors import ExitCode, NodeLostError, Outcome, UsageError
+from truestep.core.errors import ExitCode, NodeLostError, Outcome, TruestepError, UsageError
 from truestep.resilience.link_auth import Channel, LinkAuthError, hello_line, new_nonce, read_challenge
 from truestep.resilience.link_conn import IO_TIMEOUT_S, Conn, read_line
 from truestep.resilience.link_gate import HELLO_LIMIT, Gate
@@ -51,6 +51,13 @@ from truestep.resilience.node_loss import NodeLoss
 
 KeySource = Callable[[], bytes | None]
 """Where a member gets this launch's key (None: node 0 has not published it yet)."""
+
+
+class GateFailedError(TruestepError):
+    """Node 0's front door on the link stopped (resilience/link_gate.py): its port is closed, so a node
+    that has not joined yet never can. A failure of this launch (exit 1, requeued), said in one line."""
+
+    exit_code = ExitCode.FAILURE
 
 
 @dataclass
@@ -260,6 +267,21 @@ class Hub(PeerLink):
     def refused(self) -> dict[str, int]:
         """Connections dropped before they proved the key, by reason."""
         return dict(self.gate.refused)
+
+    @property
+    def gate_errors(self) -> list[str]:
+        """The latest errors that dropped a connection at the gate (its `error` count)."""
+        return list(self.gate.errors)
+
+    def check(self) -> NodeLoss | None:
+        """As a member's, and first: GateFailedError when the gate's loop has stopped (a closed port must
+        not look like a node that merely never joined)."""
+        if self.gate.failure is not None:
+            raise GateFailedError(
+                f"node 0's node link gate stopped ({self.gate.failure}): its port is closed, so no node can "
+                "join; ending this launch (exit 1: requeue it)"
+            )
+        return super().check()
 
     def _not_joined(self, now: float) -> NodeLoss | None:
         if now - self.started <= self.join_timeout_s:

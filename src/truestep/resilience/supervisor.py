@@ -33,6 +33,7 @@ from truestep.core.errors import ExitCode, FencedError, Outcome, TruestepError
 from truestep.core.fsio import atomic_write, make_dir
 from truestep.core.launch import Launch, without_launch
 from truestep.core.names import EVENTS_FILE, attempt_config_path, heartbeat_path
+from truestep.core.rundir import check_run_dir
 from truestep.faults.hooks import arm as arm_faults
 from truestep.faults.hooks import fault_point
 from truestep.faults.hooks import set_context as set_fault_context
@@ -167,6 +168,9 @@ class Supervisor:
         return attempt
 
     def _spawn(self, attempt: int) -> list[Rank]:
+        # Every attempt, not only the first: a heartbeats/ or attempts/ swapped for a link or a file during
+        # the last one is refused (exit 3) as the same state is at start, not a crash to retry (exit 1).
+        check_run_dir(self.run_dir)
         set_fault_context(run_dir=self.run_dir, attempt=attempt)
         port = self.spec.master_port or free_port()
         config_file = attempt_config_path(self.run_dir, attempt, self.spec.node_rank)
@@ -268,7 +272,8 @@ class Supervisor:
         says so, since its checkpoint may then not have been saved."""
         self.outcome = outcome
         record = {"event": "supervisor_end", "attempt": self.attempt, "outcome": outcome, "restarts": restarts,
-                  "exit_code": code, "link_refused": self.nodes.link_refused}  # fmt: skip
+                  "exit_code": code, "link_refused": self.nodes.link_refused,
+                  "link_errors": self.nodes.link_errors}  # fmt: skip
         if failure is not None:
             record["after_failure"] = restart_reason(AttemptEnd(Outcome.FAILED, failure), self.requeue_code)
         self.events.write(record)

@@ -11,7 +11,9 @@ A rank is judged by its process and its heartbeat file:
   after it left `startup` must still be declared within the liveness timeout;
 - it trained but its step did not advance for `hang_allowance()` (hang_timeout_s, or more once a rank
   has reported how long its steps take: resilience.hang_step_multiple) while every rank trained ->
-  `no_progress`;
+  `no_progress`. A reported step time is a hint, bounded by what the watcher saw itself: never more than
+  the longest time it saw that rank's step counter stand still before it moved, plus one beat's lag (a
+  forged `longest_step_s` of 1e300 must not turn hang detection off);
 - it has been shutting down for longer than the collective timeout allows -> `stuck_in_shutdown`.
 And from outside its interpreter (resilience/outside.py: /proc/PID/stat, `resilience.process_watch`):
 - its process has been stopped (state T) for `liveness_timeout_s`, in any phase -> `process_stopped`;
@@ -107,16 +109,32 @@ class AttemptWatch:
         """The pause the latest `check` found (None: none), for the supervisor's event log."""
         self.outside = OutsideView()
         """Each rank's process as the kernel sees it (resilience/outside.py)."""
+        self.step_seen: dict[int, tuple[int, float]] = {}
+        """rank -> (the step its beats show, when this watcher first saw it)."""
+        self.step_gap: dict[int, float] = {}
+        """rank -> the longest this watcher saw its step stand still before it moved: what bounds the step
+        time the rank reports."""
 
     def hang_allowance(self) -> float:
         """How long a training step may take before it is declared hung."""
         return self.cfg.hang_allowance(self.longest_step_s)[0]
 
-    def _note_step_time(self, step_s: object) -> None:
-        """A heartbeat's `longest_step_s` (its process's longest completed step). A heartbeat is a control file:
-        anything but a finite positive number (a string, a bool, NaN) changes nothing."""
+    def _note_step_time(self, step_s: object, bound: float) -> None:
+        """A heartbeat's `longest_step_s` (its process's longest completed step), at most `bound`. A
+        heartbeat is a control file: anything but a finite positive number (a string, a bool, NaN) changes
+        nothing, and a number larger than the watcher saw is taken as `bound`."""
         if isinstance(step_s, int | float) and not isinstance(step_s, bool) and math.isfinite(step_s):
-            self.longest_step_s = max(self.longest_step_s, float(step_s))
+            self.longest_step_s = max(self.longest_step_s, min(float(step_s), bound))
+
+    def _step_time_bound(self, rank: int, step: int, now: float) -> float:
+        """The longest a step of `rank` can have taken by what this watcher saw: the longest its step stood
+        still before it moved, plus the lag of a beat (one heartbeat interval and one check) at each end."""
+        seen = self.step_seen.get(rank)
+        if seen is None or seen[0] != step:
+            if seen is not None:
+                self.step_gap[rank] = max(self.step_gap.get(rank, 0.0), now - seen[1])
+            self.step_seen[rank] = (step, now)
+        return self.step_gap.get(rank, 0.0) + self.cfg.heartbeat_interval_s + OBSERVER_PAUSE_S
 
     def _observe(self, now: float) -> None:
         """Note a pause of the watcher itself: what the ranks did in it was not watched, so it does not
@@ -243,7 +261,8 @@ class AttemptWatch:
                 )
                 return Failure("stale_heartbeat", rank.rank, detail, last_seen=beat_at)
             beats[rank.rank] = beat
-            self._note_step_time(beat.get("longest_step_s"))
+            bound = self._step_time_bound(rank.rank, beat["step"], now)
+            self._note_step_time(beat.get("longest_step_s"), bound)
         everyone_training = len(beats) == len(self.ranks) and all(
             b["phase"] == Phase.TRAIN for b in beats.values()
         )

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from truestep.core.names import EVENTS_FILE, METRICS_FILE
-from truestep.telemetry.jsonl import JsonlWriter, read_jsonl
+from truestep.telemetry.jsonl import JsonlWriter, iter_jsonl
 from truestep.telemetry.narrate import Narrator
 
 
@@ -38,10 +38,11 @@ class RunLogs:
                 self.narrator.metrics(record)
 
     def failure_time(self) -> float | None:
-        """When the supervisor detected the failure that ended the previous attempt (None: none did)."""
+        """When the supervisor detected the failure that ended the previous attempt (None: none did). Read
+        bounded and tolerant (`iter_jsonl`): the log says how long recovery took, it cannot stop one."""
         detected = [
             r.get("detected_at")
-            for r in read_jsonl(self.run_dir / EVENTS_FILE)
+            for r in iter_jsonl(self.run_dir / EVENTS_FILE)
             if r.get("event") == "failure_detected" and r.get("attempt") == self.attempt - 1
         ]
         last = detected[-1] if detected else None
