@@ -74,7 +74,14 @@ class ParallelConfig:
     """Compute device: auto (cuda if available), cpu or cuda."""
     mixed_precision: bool = True
     """bf16 parameters with fp32 gradient reduction on CUDA, applied through FSDP2 (so only when dp > 1).
-    Ignored on CPU, which always runs fp32."""
+    On CPU only with mixed_precision_cpu."""
+    mixed_precision_cpu: bool = False
+    """Apply mixed_precision on CPU too (FSDP2's MixedPrecisionPolicy, as on CUDA: bf16 compute copies of
+    the parameters and bf16 activations, fp32 gradient reduction, fp32 master weights and optimizer state),
+    which roughly halves the activation memory. Needs FSDP (dp > 1): a single process is refused rather
+    than silently run in fp32. Off by default: fp32 CPU runs are the bitwise reference of every test.
+    Deterministic, so resumes stay bitwise; a different trajectory than fp32, so do not switch it in the
+    middle of a run."""
     num_threads: int = 1
     """CPU threads per process. Part of the numerics on CPU: keep it the same across resumes."""
     init_timeout_s: float = 600.0
@@ -136,6 +143,18 @@ class TrainConfig:
     """Emulation of a wrong restore, for measuring the instrument's detection power: after every
     checkpoint restore, every parameter element p becomes p * (1 + d * e), e ~ N(0, 1) from OS entropy.
     d is the relative error. 0 = off (never set it in a real run)."""
+    activation_checkpointing: str = "none"
+    """Recompute activations in the backward instead of keeping them (model/recompute.py): none; full
+    (every transformer block keeps only its input and recomputes the rest: least memory, about one
+    extra forward per step); selective (every other block, 0, 2, 4, ...: about half of each). The
+    embedding, final norm and output projection are never recomputed. Bitwise the same trajectory as
+    none on a deterministic platform, so it may change between resumes."""
+    memory_check: bool = True
+    """Before building the model, estimate this rank's peak memory (parallel/memory.py: parameters,
+    gradients, optimizer state, activations at this layout), log it (event memory_estimate, one console
+    line) and refuse the job (exit 2) when the ranks on this host would need more than the host's
+    available memory (MemAvailable) or, on CUDA, more than the GPU's free memory. Off = estimate and log
+    only (for an estimate you know to be pessimistic)."""
 
     def micro_batch(self, dp: int) -> int:
         """Samples per forward/backward on one data-parallel rank: micro_batch_size, or with 0 the
@@ -371,6 +390,9 @@ PREEMPTION_SIGNALS = ("SIGTERM", "SIGUSR1", "SIGUSR2", "SIGINT", "SIGHUP")
 
 # Keys whose change alters the trajectory; resume refuses a mismatch unless allowed.
 # Layout (parallel.*) is deliberately absent: resharded resume is supported.
+ACTIVATION_CHECKPOINTING = ("none", "full", "selective")
+"""The values of train.activation_checkpointing (model/recompute.py)."""
+
 TRAJECTORY_SECTIONS = ("model", "data", "optim", "schedule")
 TRAJECTORY_KEYS = (
     "train.seed",

@@ -16,7 +16,7 @@ import math
 from typing import Any
 
 from truestep.config.errors import ConfigError
-from truestep.config.schema import PREEMPTION_SIGNALS, JobConfig, ModelConfig
+from truestep.config.schema import ACTIVATION_CHECKPOINTING, PREEMPTION_SIGNALS, JobConfig, ModelConfig
 from truestep.core.errors import ExitCode
 
 INT64_MAX = 2**63 - 1
@@ -131,6 +131,14 @@ def validate(cfg: JobConfig) -> None:
         f"parallel.tp={p.tp} must divide model.vocab_size={m.vocab_size} (embedding and output are sharded)",
     )
     _require(t.micro_batch_size >= 0, "train.micro_batch_size must be >= 0 (0 = no accumulation)")
+    _require(
+        t.activation_checkpointing in ACTIVATION_CHECKPOINTING,
+        f"train.activation_checkpointing must be {'|'.join(ACTIVATION_CHECKPOINTING)}, got {t.activation_checkpointing!r}",
+    )
+    _require(
+        p.mixed_precision or not p.mixed_precision_cpu,
+        "parallel.mixed_precision_cpu=true needs parallel.mixed_precision=true (it applies that policy on CPU)",
+    )
     _require(t.stop_at_step >= 0, "train.stop_at_step must be >= 0 (0 = no early stop)")
     _require(t.seed >= 0 and d.data_seed >= 0, "train.seed and data.data_seed must be >= 0")
     _validate_sources(cfg)

@@ -148,6 +148,21 @@ def _restore(n: Narrator, r: dict[str, Any]) -> str:
     )
 
 
+def _memory_estimate(n: Narrator, r: dict[str, Any]) -> str:
+    def g(key: str) -> str:
+        value = r.get(key)
+        return f"{value / 2**30:.2f} GiB" if isinstance(value, int | float) else "?"
+
+    available = r.get("available_bytes")
+    fits = "" if available is None else f"; {g('host_need_bytes')} of {g('available_bytes')} available"
+    return (
+        f"memory estimate: {g('peak_bytes')} per rank (parameters {g('parameters_bytes')}, gradients "
+        f"{g('gradients_bytes')}, optimizer state {g('optimizer_state_bytes')}, activations "
+        f"{g('activations_bytes')}, runtime {g('runtime_bytes')}; activation checkpointing "
+        f"{r.get('activation_checkpointing')}){fits}"
+    )
+
+
 def _nan_rollback(n: Narrator, r: dict[str, Any]) -> str:
     return f"rolled back to step {r.get('to_step')} after {r.get('after_consecutive')} non-finite steps"
 
@@ -207,6 +222,7 @@ LINES: dict[str, Callable[[Narrator, dict[str, Any]], str | None]] = {
     "checkpoint_verified": _verified,
     "checkpoint_restore": _restore,
     "nan_rollback": _nan_rollback,
+    "memory_estimate": _memory_estimate,
     "attempt_start": _attempt_start,
     "standby_handoff": _handoff,
     "restart": _restart,

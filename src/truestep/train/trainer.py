@@ -39,11 +39,13 @@ from truestep.core.status import RankStatus, StopReason
 from truestep.data import build_loader
 from truestep.faults.hooks import armed as armed_faults
 from truestep.faults.hooks import poison_loss
+from truestep.model.recompute import set_activation_checkpointing
 from truestep.parallel.dist import DistContext
 from truestep.parallel.grad_norm import clip_grad_norm
 from truestep.parallel.parallelize import build_model, init_parameters
 from truestep.telemetry.run_logs import RunLogs
 from truestep.train.emulation import GradientNoise, RestoreError
+from truestep.train.memory import check_memory
 from truestep.train.optimizer import build_optimizer, set_lr
 from truestep.train.rng import capture_rng, restore_rng, seed_streams
 from truestep.train.schedule import lr_at
@@ -106,7 +108,9 @@ class Trainer:
         ):
             # A fresh start from given weights: refuse a misfit before allocating the model.
             precheck_init_from(cfg.checkpoint.init_from, cfg.model)
+        self.memory_estimate = check_memory(cfg, ctx, logs)  # before anything big is allocated
         self.model = build_model(ctx, cfg)
+        set_activation_checkpointing(self.model, cfg.train.activation_checkpointing)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = build_optimizer(self.model, cfg)
         micro = cfg.train.micro_batch(ctx.dp)

@@ -13,6 +13,7 @@ from truestep.telemetry.digest import param_digest
 from truestep.telemetry.progress import Progress
 from truestep.telemetry.tensorboard import TensorBoardWriter
 from truestep.train.hooks.base import Hook
+from truestep.train.memory import peak_over_ranks, peaks_per_rank
 
 if TYPE_CHECKING:
     from truestep.train.trainer import StepResult, Trainer
@@ -49,8 +50,11 @@ class MetricsHook(Hook):
         fields = step_fields(trainer, result)
         per_source = trainer.loader.tokens_per_source()
         # A mixture also logs the tokens drawn from each source, by its configured path.
+        peak = peak_over_ranks(trainer.ctx)  # collective: every rank runs this hook
         trainer.logs.metrics(
-            **fields, **({"tokens_per_source": per_source} if per_source is not None else {})
+            **fields,
+            peak_mem_bytes=peak,
+            **({"tokens_per_source": per_source} if per_source is not None else {}),
         )
         if self.tensorboard is not None:
             self.tensorboard.scalars(state.step, fields)
@@ -63,11 +67,13 @@ class MetricsHook(Hook):
         if self.tensorboard is not None:
             self.tensorboard.close()
         digest = param_digest(trainer.model, trainer.ctx)
+        peaks = peaks_per_rank(trainer.ctx)
         trainer.logs.event(
             "run_end",
             step=trainer.state.step,
             reason=str(trainer.stop_reason or StopReason.COMPLETED),
             param_digest=digest,
+            peak_mem_bytes_per_rank=peaks,
             state=asdict(trainer.state),
             end_wall=time.time(),
         )
