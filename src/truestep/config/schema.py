@@ -82,6 +82,12 @@ class ParallelConfig:
     than silently run in fp32. Off by default: fp32 CPU runs are the bitwise reference of every test.
     Deterministic, so resumes stay bitwise; a different trajectory than fp32, so do not switch it in the
     middle of a run."""
+    cpu_return_freed_memory: bool = True
+    """On CPU (Linux, glibc): give every allocation of 128 KiB or more its own mapping, so memory freed
+    after the backward goes back to the OS instead of staying in the heap as fragments (without it a
+    rank's resident set grew step after step, to 20 % above its live tensors: benchmarks/README.md,
+    "Memory"). The measured peak then matches the memory estimate. Costs the page faults of fresh
+    memory each step. Not part of the numerics."""
     num_threads: int = 1
     """CPU threads per process. Part of the numerics on CPU: keep it the same across resumes."""
     init_timeout_s: float = 600.0
@@ -174,6 +180,11 @@ class OptimConfig:
     """AdamW epsilon."""
     weight_decay: float = 0.1
     """AdamW decoupled weight decay."""
+    foreach: bool = True
+    """AdamW's multi-tensor (foreach) update: fastest, but it allocates one temporary as large as this
+    rank's parameters at every update, often the peak of a large model's step. false updates parameter
+    by parameter (the temporary is one parameter's size: about 4 bytes per parameter less at the peak)
+    at some speed cost. Part of the trajectory (a different summation order may round differently)."""
 
 
 @dataclass

@@ -14,7 +14,8 @@ The estimate (`estimate`) is arithmetic on the config and the layout, term by te
   saves): per block and token `2 x norm + attention + SwiGLU`, the blocks that recompute
   (`train.activation_checkpointing`) keeping only their input, plus the one block recomputed during
   the backward; plus the logits, which stay alive through the backward with two gradients of their size;
-- **optimizer temporaries**: the foreach AdamW update allocates one shard-sized fp32 tensor;
+- **optimizer temporaries**: the foreach AdamW update allocates one shard-sized fp32 tensor (with
+  `optim.foreach=false`, one parameter's);
 - **runtime**: what the process already holds when the estimate is made (torch, its libraries, the
   interpreter: the resident set measured then; 0 on CUDA, where only tensors count).
 
@@ -25,6 +26,7 @@ optimizer update (gradients and the temporaries). benchmarks/memory.py compares 
 
 from __future__ import annotations
 
+import ctypes
 import resource
 import sys
 from dataclasses import asdict, dataclass
@@ -84,6 +86,11 @@ def _parameter_split(m: ModelConfig) -> tuple[int, int, int, int]:
     return m.n_layers * block_linear + embed, norms, block_linear + 2 * m.dim, embed + m.dim
 
 
+def _largest_parameter(m: ModelConfig) -> int:
+    hd, kv = head_dim(m), (m.n_kv_heads or m.n_heads)
+    return max(m.vocab_size * m.dim, m.dim * hd * m.n_heads, m.dim * hd * kv, m.dim * ffn_hidden_dim(m))
+
+
 def activation_bytes_per_token(cfg: JobConfig, tp: int, act_bytes: int) -> tuple[int, int, int]:
     """(saved by one block that keeps everything, saved by one block that recomputes, saved outside the
     blocks), in bytes per token of one rank. The norm computes in fp32 whatever the dtype, so it keeps
@@ -117,7 +124,8 @@ def estimate(
     grads = 4 * shard
     grads_gathered = 4 * (root // tp + block // tp) if fsdp else 0
     optim = 2 * 4 * shard
-    temporaries = 4 * shard
+    # foreach AdamW: one temporary as large as the shards; per parameter: as large as the largest one.
+    temporaries = 4 * shard if cfg.optim.foreach else 4 * _largest_parameter(m) // (tp * dp)
 
     tokens = t.micro_batch(dp) * cfg.data.seq_len
     full, recomputing, outside = activation_bytes_per_token(cfg, tp, act_bytes)
@@ -143,6 +151,27 @@ def estimate(
         ranks_per_host=ranks_per_host,
         device=device,
     )
+
+
+# --- the CPU allocator ----------------------------------------------------------------------------------
+
+M_MMAP_THRESHOLD = -3
+"""glibc's mallopt parameter (malloc.h)."""
+MMAP_THRESHOLD = 128 * 1024
+"""Allocations from this size on get their own mapping (glibc's initial threshold, kept fixed)."""
+
+
+def return_freed_memory() -> bool:
+    """Fix glibc's mmap threshold at 128 KiB (parallel.cpu_return_freed_memory), so every tensor-sized
+    allocation is its own mapping and goes back to the OS when freed. glibc otherwise raises the
+    threshold after each freed mapping (up to 32 MiB), serves activations from its heap, and keeps
+    what they leave as fragments: the resident set grew step after step, 20 % above the live tensors
+    at step 3 (benchmarks/README.md, "Memory"). True when applied (glibc); False elsewhere."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return False
+    return bool(libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD))
 
 
 # --- what the machine has, and what this process used --------------------------------------------------

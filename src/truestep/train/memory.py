@@ -14,12 +14,20 @@ import torch.distributed as dist
 from truestep.config.errors import ConfigError
 from truestep.config.schema import JobConfig
 from truestep.parallel.dist import DistContext
-from truestep.parallel.memory import MemoryEstimate, available_bytes, estimate, gib, peak_bytes
+from truestep.parallel.memory import (
+    MemoryEstimate,
+    available_bytes,
+    estimate,
+    gib,
+    peak_bytes,
+    return_freed_memory,
+)
 from truestep.telemetry.run_logs import RunLogs
 
 
 def check_memory(cfg: JobConfig, ctx: DistContext, logs: RunLogs) -> MemoryEstimate:
     """Collective when distributed. Raises ConfigError when the estimate does not fit (train.memory_check)."""
+    returned = ctx.device.type == "cpu" and cfg.parallel.cpu_return_freed_memory and return_freed_memory()
     est = estimate(cfg, ctx.dp, ctx.tp, ctx.device.type, ctx.local_world_size)
     # On a CPU host the ranks share its memory (the runtime of each included); a GPU is one rank's.
     need = est.peak * (est.ranks_per_host if ctx.device.type == "cpu" else 1)
@@ -39,6 +47,7 @@ def check_memory(cfg: JobConfig, ctx: DistContext, logs: RunLogs) -> MemoryEstim
         activation_checkpointing=cfg.train.activation_checkpointing,
         fits=shortfall == 0,
         enforced=cfg.train.memory_check,
+        returns_freed_memory=returned,
     )
     if shortfall and cfg.train.memory_check:
         where = "this host's available memory" if ctx.device.type == "cpu" else "the GPU's free memory"
