@@ -349,14 +349,26 @@ class ResilienceConfig:
 @dataclass
 class MetricsConfig:
     log_every: int = 1
-    """Console progress update interval in steps (metrics.jsonl always gets every step)."""
+    """Console progress interval in steps: the bar's postfix, or one plain line (metrics.jsonl always gets
+    every step)."""
     progress: bool = True
-    """Show a progress bar on the console (rank 0)."""
+    """Show a progress bar on the console (rank 0), only when stderr is a terminal: in a log file a bar
+    is a line of carriage returns. Elsewhere (or off) the console gets plain step lines (step_lines)."""
+    step_lines: bool = True
+    """When no progress bar is drawn: one plain line on stderr every log_every steps (and at the last):
+    step, loss, lr, grad norm, tokens/s, peak memory, and MFU where the device's peak is known."""
     narrate: bool = True
     """Say each recovery event on stderr as one line (preempted, saved, resuming from, quarantined,
     failure detected, restarting, the exit code and what to run next); the event log has them anyway."""
     tensorboard: bool = False
     """Also write the step scalars as TensorBoard event files under <run.dir>/tb."""
+    wandb: str = "off"
+    """Also log the step scalars and evaluations to Weights & Biases: off, offline (files under
+    <run.dir>/wandb, no network or account needed; `wandb sync` them later) or online. Needs the optional
+    package (pip install 'truestep[wandb]'); without it the run is refused (exit 2). Each attempt is one
+    W&B run, grouped by the run directory."""
+    wandb_project: str = "truestep"
+    """The W&B project the runs are logged to."""
 
 
 @dataclass

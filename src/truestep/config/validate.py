@@ -229,6 +229,10 @@ def validate(cfg: JobConfig) -> None:
     _require(c.keep_last_n >= 0, "checkpoint.keep_last_n must be >= 0 (0 keeps all)")
     _require(c.keep_quarantined >= 0, "checkpoint.keep_quarantined must be >= 0 (0 keeps all)")
     _require(cfg.metrics.log_every >= 1, "metrics.log_every must be >= 1")
+    _require(
+        cfg.metrics.wandb in ("off", "offline", "online"),
+        f"metrics.wandb must be off|offline|online, got {cfg.metrics.wandb!r}",
+    )
 
 
 _ROPE_SCALING_KEYS = (

@@ -49,6 +49,8 @@ class Narrator:
     attempt_started: float | None = None
     restarting: int = 0
     handoffs: int = 0
+    weights_from: dict[str, Any] | None = None
+    memory: dict[str, Any] | None = None
 
     def tell(self, record: dict[str, Any]) -> str | None:
         """Say the record's line, if its kind has one; returns what was said."""
@@ -148,6 +150,51 @@ def _restore(n: Narrator, r: dict[str, Any]) -> str:
     )
 
 
+def _init_from(n: Narrator, r: dict[str, Any]) -> None:
+    n.weights_from = r  # said in the start banner
+    return None
+
+
+def _count(value: Any) -> str:
+    if not isinstance(value, int | float):
+        return "?"
+    for unit, size in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if value >= size:
+            return f"{value / size:.2f}{unit}"
+    return str(value)
+
+
+def _run_start(n: Narrator, r: dict[str, Any]) -> str:
+    """The start banner: what trains, where, on what, from where (three lines under one prefix)."""
+    keys, layout = r.get("trajectory_keys") or {}, r.get("layout") or {}
+    start, total = r.get("start_step", 0), r.get("max_steps")
+    where = "from step 0" if not start else f"resumed at step {start}"
+    model = (
+        f"{_count(r.get('parameters'))} parameters (dim {keys.get('model.dim')}, {keys.get('model.n_layers')} "
+        f"layers, vocab {keys.get('model.vocab_size')})"
+    )
+    precision = r.get("compute_dtype", "float32")
+    backend = layout.get("backend")
+    group = f" ({backend})" if backend not in (None, "none") else " (one process, no process group)"
+    place = (
+        f"{layout.get('world_size')} rank(s) = dp {layout.get('dp')} x tp {layout.get('tp')} on "
+        f"{r.get('device')}{group}, {precision}, activation checkpointing "
+        f"{r.get('activation_checkpointing', 'none')}"
+    )
+    gbs, seq = keys.get("train.global_batch_size"), keys.get("data.seq_len")
+    tokens = gbs * seq if isinstance(gbs, int) and isinstance(seq, int) else "?"
+    data = f"data {r.get('data') or '?'}: {gbs} x {seq} = {tokens} tokens per step"
+    if start:
+        weights = "weights from the checkpoint it resumed"
+    elif n.weights_from is not None:
+        w = n.weights_from
+        checked = "SHA-256 verified" if w.get("checksums") else "not checksummed"
+        weights = f"weights from init_from {w.get('path')} (loaded, {w.get('tensors')} tensors, {checked})"
+    else:
+        weights = "weights initialized from train.seed (no init_from)"
+    return f"training {r.get('name') or 'run'} {where} of {total}: {model}\n  {place}\n  {data}; {weights}"
+
+
 def _memory_estimate(n: Narrator, r: dict[str, Any]) -> str:
     def g(key: str) -> str:
         value = r.get(key)
@@ -223,6 +270,8 @@ LINES: dict[str, Callable[[Narrator, dict[str, Any]], str | None]] = {
     "checkpoint_restore": _restore,
     "nan_rollback": _nan_rollback,
     "memory_estimate": _memory_estimate,
+    "init_from": _init_from,
+    "run_start": _run_start,
     "attempt_start": _attempt_start,
     "standby_handoff": _handoff,
     "restart": _restart,

@@ -39,10 +39,11 @@ from truestep.core.status import RankStatus, StopReason
 from truestep.data import build_loader
 from truestep.faults.hooks import armed as armed_faults
 from truestep.faults.hooks import poison_loss
+from truestep.model.llama import count_parameters
 from truestep.model.recompute import set_activation_checkpointing
 from truestep.parallel.dist import DistContext
 from truestep.parallel.grad_norm import clip_grad_norm
-from truestep.parallel.parallelize import build_model, init_parameters
+from truestep.parallel.parallelize import build_model, init_parameters, uses_mixed_precision
 from truestep.telemetry.run_logs import RunLogs
 from truestep.train.emulation import GradientNoise, RestoreError
 from truestep.train.memory import check_memory
@@ -154,6 +155,14 @@ class Trainer:
             max_steps=self.cfg.train.max_steps,
             faults=[spec.text for spec in armed_faults()],  # an armed fault is never silent
             state=asdict(self.state),
+            parameters=count_parameters(self.cfg.model),
+            compute_dtype="bfloat16"
+            if self.ctx.dp > 1 and uses_mixed_precision(self.cfg, self.ctx.device.type)
+            else "float32",
+            activation_checkpointing=self.cfg.train.activation_checkpointing,
+            data=self.cfg.data.path
+            or ", ".join(f"{s.path} ({s.weight:g})" for s in self.cfg.data.sources)
+            or "built-in demo corpus",
         )
 
     # --- the step ----------------------------------------------------------------------------------

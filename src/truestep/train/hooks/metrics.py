@@ -9,9 +9,13 @@ from typing import TYPE_CHECKING
 
 from truestep.core.names import TENSORBOARD_DIR
 from truestep.core.status import StopReason
+from truestep.model.flops import flops_per_token
+from truestep.parallel.parallelize import uses_mixed_precision
 from truestep.telemetry.digest import param_digest
-from truestep.telemetry.progress import Progress
+from truestep.telemetry.progress import Progress, StepStats
 from truestep.telemetry.tensorboard import TensorBoardWriter
+from truestep.telemetry.throughput import device_peak_flops, mfu
+from truestep.telemetry.wandb_logger import WandbWriter
 from truestep.train.hooks.base import Hook
 from truestep.train.memory import peak_over_ranks, peaks_per_rank
 
@@ -35,15 +39,24 @@ class MetricsHook(Hook):
     def __init__(self) -> None:
         self.progress: Progress | None = None
         self.tensorboard: TensorBoardWriter | None = None
+        self.wandb: WandbWriter | None = None
+        self.flops_per_token = 0.0
+        self.peak_flops: float | None = None
 
     def on_start(self, trainer: Trainer) -> None:
-        m = trainer.cfg.metrics
-        main = trainer.ctx.is_main
+        cfg, ctx = trainer.cfg, trainer.ctx
+        m = cfg.metrics
+        main = ctx.is_main
         self.progress = Progress(
-            trainer.cfg.train.max_steps, trainer.state.step, main and m.progress, m.log_every
+            cfg.train.max_steps, trainer.state.step, main, m.log_every, bar=m.progress, lines=m.step_lines
         )
         if main and m.tensorboard:
             self.tensorboard = TensorBoardWriter(trainer.run_dir / TENSORBOARD_DIR, trainer.state.step)
+        if main and m.wandb != "off":
+            self.wandb = WandbWriter(trainer.run_dir, cfg, m.wandb, trainer.logs.attempt)
+        self.flops_per_token = flops_per_token(cfg.model, cfg.data.seq_len)
+        bf16 = ctx.dp > 1 and uses_mixed_precision(cfg, ctx.device.type)
+        self.peak_flops = device_peak_flops(ctx.device, bf16)
 
     def after_step(self, trainer: Trainer, result: StepResult) -> None:
         state = trainer.state
@@ -57,15 +70,30 @@ class MetricsHook(Hook):
             **({"tokens_per_source": per_source} if per_source is not None else {}),
         )
         if self.tensorboard is not None:
-            self.tensorboard.scalars(state.step, fields)
+            self.tensorboard.scalars(state.step, {**fields, "peak_mem_bytes": peak})
+        if self.wandb is not None:
+            self.wandb.log(state.step, {f"train/{k}": v for k, v in fields.items() if k != "step"})
         assert self.progress is not None
-        self.progress.update(state.step, result.loss, trainer.tokens_per_step / max(result.step_time, 1e-9))
+        tokens_per_s = trainer.tokens_per_step / max(result.step_time, 1e-9)
+        world = trainer.ctx.world_size
+        self.progress.update(
+            StepStats(
+                state.step,
+                result.loss,
+                result.lr,
+                result.grad_norm,
+                tokens_per_s,
+                peak,
+                mfu(tokens_per_s, self.flops_per_token, self.peak_flops, world),
+            )
+        )
 
     def on_end(self, trainer: Trainer) -> None:
         if self.progress is not None:
             self.progress.close()
         if self.tensorboard is not None:
             self.tensorboard.close()
+        self.close()
         digest = param_digest(trainer.model, trainer.ctx)
         peaks = peaks_per_rank(trainer.ctx)
         trainer.logs.event(
@@ -77,3 +105,9 @@ class MetricsHook(Hook):
             state=asdict(trainer.state),
             end_wall=time.time(),
         )
+
+    def close(self) -> None:
+        """Also when the loop did not end normally: the W&B run is finished either way."""
+        if self.wandb is not None:
+            wandb, self.wandb = self.wandb, None
+            wandb.close()
