@@ -372,6 +372,25 @@ class MetricsConfig:
 
 
 @dataclass
+class EvalConfig:
+    every_steps: int = 0
+    """Evaluate the held-out loss and perplexity every this many steps (events.jsonl `eval`, one console
+    line, TensorBoard eval/*, W&B); 0 = never. Evaluation draws no random numbers and leaves the model in
+    training mode, so the trajectory is the same with or without it."""
+    path: str = ""
+    """The held-out data: a directory prepared by `truestep prepare-data` from text the run does not
+    train on (a second source, e.g. a split kept aside before preparing), with the training data's
+    tokenizer. Required when every_steps > 0."""
+    samples: int = 64
+    """Windows of data.seq_len tokens evaluated each time: always the first `samples` windows of `path`,
+    in order, split evenly across the data-parallel ranks (so it must be a multiple of dp). The same
+    text every time, so a resumed run's evaluation at a step is bitwise the one an uninterrupted run
+    made there (on a deterministic platform, same layout)."""
+    batch_size: int = 8
+    """Windows per forward pass on one rank while evaluating."""
+
+
+@dataclass
 class RunConfig:
     dir: str = "runs/default"
     """Run directory: metrics.jsonl, events.jsonl, checkpoints. Must not be empty; truestep's own entries
@@ -404,6 +423,8 @@ class JobConfig:
     """Preemption signals, NaN guard, heartbeats and timeouts (with their switches)."""
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     """Logging."""
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    """Held-out evaluation."""
     run: RunConfig = field(default_factory=RunConfig)
     """Run directory and name."""
 

@@ -229,6 +229,16 @@ def validate(cfg: JobConfig) -> None:
     _require(c.keep_last_n >= 0, "checkpoint.keep_last_n must be >= 0 (0 keeps all)")
     _require(c.keep_quarantined >= 0, "checkpoint.keep_quarantined must be >= 0 (0 keeps all)")
     _require(cfg.metrics.log_every >= 1, "metrics.log_every must be >= 1")
+    e = cfg.eval
+    _require(
+        e.every_steps >= 0 and e.samples > 0 and e.batch_size > 0,
+        "eval.every_steps must be >= 0 (0 = never), eval.samples and eval.batch_size positive",
+    )
+    _require(
+        e.every_steps == 0 or e.path.strip() != "",
+        f"eval.every_steps={e.every_steps} needs eval.path: a directory prepared with `truestep prepare-data` "
+        "from held-out text",
+    )
     _require(
         cfg.metrics.wandb in ("off", "offline", "online"),
         f"metrics.wandb must be off|offline|online, got {cfg.metrics.wandb!r}",

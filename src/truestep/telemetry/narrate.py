@@ -210,6 +210,14 @@ def _memory_estimate(n: Narrator, r: dict[str, Any]) -> str:
     )
 
 
+def _eval(n: Narrator, r: dict[str, Any]) -> str:
+    return (
+        f"eval at step {r.get('step')}: loss {r.get('loss', float('nan')):.4f}, perplexity "
+        f"{r.get('perplexity', float('nan')):.2f} ({r.get('tokens')} tokens of {r.get('path')}, "
+        f"{r.get('eval_s', 0.0):.1f} s)"
+    )
+
+
 def _nan_rollback(n: Narrator, r: dict[str, Any]) -> str:
     return f"rolled back to step {r.get('to_step')} after {r.get('after_consecutive')} non-finite steps"
 
@@ -272,6 +280,7 @@ LINES: dict[str, Callable[[Narrator, dict[str, Any]], str | None]] = {
     "memory_estimate": _memory_estimate,
     "init_from": _init_from,
     "run_start": _run_start,
+    "eval": _eval,
     "attempt_start": _attempt_start,
     "standby_handoff": _handoff,
     "restart": _restart,

@@ -51,6 +51,7 @@ from truestep.telemetry.run_logs import RunLogs
 from truestep.train.hooks import (
     CheckpointHook,
     CollectiveTimeoutHook,
+    EvalHook,
     Hook,
     MetricsHook,
     NanGuardHook,
@@ -85,6 +86,7 @@ def build_hooks(attempt: Attempt) -> list[Hook]:
         witness,
         CollectiveTimeoutHook(),
         metrics,
+        EvalHook(metrics),
         NanGuardHook(checkpoints),
         PreemptionHook(),
     ]

@@ -22,6 +22,7 @@ from truestep.analysis.report.sections import (
     goodput_blocks,
     mttr_blocks,
 )
+from truestep.analysis.report.training import training_blocks
 from truestep.analysis.summary import ExperimentSummary, GroupSummary, RunAnalysis
 
 FLOOR_TEXT = (
@@ -89,6 +90,7 @@ def run_section(run: RunAnalysis, group: GroupSummary, figures: Figures) -> list
     blocks += recovery_blocks(run)
     blocks += goodput_blocks(run)
     blocks += mttr_blocks(run)
+    blocks += training_blocks(run)
     return blocks + figures.runs.get(run.name, [])
 
 

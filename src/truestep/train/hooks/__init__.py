@@ -7,6 +7,7 @@ needs. Order matters: the checkpoint hook restores first, so the others report t
 
 from truestep.train.hooks.base import Hook
 from truestep.train.hooks.checkpointing import CheckpointHook
+from truestep.train.hooks.evaluation import EvalHook
 from truestep.train.hooks.metrics import MetricsHook
 from truestep.train.hooks.nan_guard import NanGuardHook
 from truestep.train.hooks.preemption import PreemptionHook
@@ -17,6 +18,7 @@ from truestep.train.hooks.witness import WitnessHook
 __all__ = [
     "CheckpointHook",
     "CollectiveTimeoutHook",
+    "EvalHook",
     "Hook",
     "MetricsHook",
     "NanGuardHook",

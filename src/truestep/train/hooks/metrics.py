@@ -111,3 +111,11 @@ class MetricsHook(Hook):
         if self.wandb is not None:
             wandb, self.wandb = self.wandb, None
             wandb.close()
+
+    def scalars(self, step: int, values: dict[str, float]) -> None:
+        """Scalars outside train/ (e.g. eval/loss) to TensorBoard and W&B, when they are on."""
+        for tag, value in values.items():
+            if self.tensorboard is not None:
+                self.tensorboard.scalar(tag, value, step)
+        if self.wandb is not None:
+            self.wandb.log(step, values)
