@@ -1,13 +1,16 @@
 """Peak memory per rank, estimated (parallel/memory.py) vs measured, and the step-time cost of
 activation checkpointing.
 
-Each side is a real `truestep train` run in a fresh process (or `--nproc 2` FSDP ranks under torchrun)
-of one model: rank 0 logs the estimate it made before building the model (event memory_estimate) and
-every rank's measured peak (the process's VmHWM) at the end (run_end peak_mem_bytes_per_rank). Sides
-alternate in counterbalanced order (bench_common.abba) over `--trials` rounds; step time is each run's
-median step_time of its steps after the first (warm-up), reported as median [min-max] over the trials.
+Memory: each side is a real `truestep train` run in a fresh process (or 2 FSDP ranks under torchrun) of
+one model: rank 0 logs the estimate it made before building the model (event memory_estimate) and every
+rank's measured peak (the process's VmHWM) at the end (run_end peak_mem_bytes_per_rank). A peak is a
+deterministic function of the run (one run per side, `--memory-runs` to repeat).
 
-    OMP_NUM_THREADS=1 nice -n 10 python benchmarks/memory.py [--trials 5] [--steps 3] [--out DIR]
+Time: one process, one model, the checkpointing mode switched between forward+backward passes in
+counterbalanced order (bench_common.abba) over `--trials` rounds, so load drift on a shared machine hits
+every mode alike; reported as median [min-max] seconds per pass and the ratio to `none`.
+
+    OMP_NUM_THREADS=1 nice -n 10 python benchmarks/memory.py [--trials 7] [--steps 3] [--out DIR]
 """
 
 from __future__ import annotations
@@ -89,40 +92,70 @@ def run(run_dir: Path, nproc: int, overrides: list[str], steps: int) -> dict:
     }
 
 
+MODES = ("none", "selective", "full")
+
+
+def pass_times(trials: int) -> dict[str, list[float]]:
+    """Seconds of one forward+backward of the benchmark model per checkpointing mode, ABBA-ordered."""
+    import time
+
+    import torch
+    import torch.nn.functional as F
+
+    from truestep.config.load import load_config
+    from truestep.model.llama import Transformer
+    from truestep.model.recompute import set_activation_checkpointing
+
+    torch.set_num_threads(1)
+    cfg = load_config("tiny", [m for m in MODEL if m.startswith(("--model.", "--data."))])
+    model = Transformer(cfg.model)
+    model.init_weights(0)
+    gen = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, cfg.model.vocab_size, (2, cfg.data.seq_len), generator=gen)
+    times: dict[str, list[float]] = {mode: [] for mode in MODES}
+    for i, mode in enumerate(["none", *abba(list(MODES), trials)]):  # the first pass warms up, unrecorded
+        set_activation_checkpointing(model, mode)
+        began = time.perf_counter()
+        F.cross_entropy(model(tokens).flatten(0, 1), tokens.flatten()).backward()
+        model.zero_grad(set_to_none=True)
+        if i:
+            times[mode].append(time.perf_counter() - began)
+    return times
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--trials", type=int, default=5)
-    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--trials", type=int, default=7, help="rounds of the timed passes (>= 5)")
+    parser.add_argument("--steps", type=int, default=3, help="steps of each memory run")
+    parser.add_argument("--memory-runs", type=int, default=1)
     parser.add_argument("--out", type=Path, default=None, help="write the raw results here as JSON")
     a = parser.parse_args()
     print(f"# {load()}", flush=True)
     results: dict[str, list[dict]] = {name: [] for name in [*SIDES, *FSDP_SIDES]}
     with tempfile.TemporaryDirectory() as tmp:
-        for i, name in enumerate(abba(list(SIDES), a.trials)):
-            nproc, overrides = SIDES[name]
+        for i, name in enumerate(abba(list(results), a.memory_runs)):
+            nproc, overrides = {**SIDES, **FSDP_SIDES}[name]
             results[name].append(run(Path(tmp) / f"{i}", nproc, overrides, a.steps))
             print(f"# {name}: {results[name][-1]}", flush=True)
-        for name, (nproc, overrides) in FSDP_SIDES.items():
-            results[name].append(run(Path(tmp) / name.replace(" ", "_"), nproc, overrides, a.steps))
-            print(f"# {name}: {results[name][-1]}", flush=True)
-    base = statistics.median(r["step_time"] for r in results["none"])
-    print(f"\n# {load()}\n")
-    print("| side | estimated peak (GiB) | measured peak (GiB) | estimate error | step time (s) | vs none |")
-    print("|---|---|---|---|---|---|")
+    print(f"\n# memory, {load()}\n")
+    print("| side | estimated peak per rank (GiB) | measured peak per rank (GiB) | estimate error |")
+    print("|---|---|---|---|")
     for name, runs in results.items():
         est = statistics.median(r["estimate"] for r in runs) / GIB
         got = statistics.median(r["measured"] for r in runs) / GIB
-        times = [r["step_time"] for r in runs]
-        ratio = f"{statistics.median(times) / base:.2f}x" if name in SIDES else "-"
-        row = (
-            f"| {name} | {est:.2f} | {got:.2f} | {100 * (est - got) / got:+.1f} % | {spread(times, '{:.2f}')}"
-        )
-        print(f"{row} | {ratio} |")
+        print(f"| {name} | {est:.2f} | {got:.2f} | {100 * (est - got) / got:+.1f} % |")
+    times = pass_times(a.trials)
+    base = statistics.median(times["none"])
+    print(f"\n# forward+backward time, {a.trials} rounds, {load()}\n")
+    print("| activation checkpointing | seconds per pass | vs none |")
+    print("|---|---|---|")
+    for mode in MODES:
+        print(f"| {mode} | {spread(times[mode], '{:.2f}')} | {statistics.median(times[mode]) / base:.2f}x |")
     if a.out is not None:
         a.out.mkdir(parents=True, exist_ok=True)
-        (a.out / "memory.json").write_text(json.dumps(results, indent=1))
+        (a.out / "memory.json").write_text(json.dumps({"memory": results, "times": times}, indent=1))
 
 
 if __name__ == "__main__":
