@@ -263,7 +263,15 @@ class ResilienceConfig:
     In [1, 254]; neither it nor it + 1 (the forced exit) may be another truestep exit code."""
     exit_deadline_s: float = 90.0
     """After a preemption signal, exit hard (code requeue_exit_code + 1) if the graceful path has not
-    finished within this many seconds. Must be below scheduler_lead_time_s."""
+    finished within this many seconds, or within the allowance exit_deadline_multiple gives, if longer.
+    Must be below scheduler_lead_time_s."""
+    exit_deadline_multiple: float = 2.0
+    """The graceful-stop deadline grows with the job: a signal gets max(exit_deadline_s, this x (the
+    longest step + the longest checkpoint save, written and committed, this rank has measured)), since
+    the graceful path finishes the step under way and then saves. With 110 s steps a fixed 90 s ended
+    in a forced exit and a torn checkpoint. When the allowance passes scheduler_lead_time_s the run says
+    so once (event exit_deadline_beyond_lead_time): ask the scheduler for an earlier warning. 0 =
+    exit_deadline_s alone."""
     scheduler_lead_time_s: float = 120.0
     """How long before the kill the scheduler's warning arrives (SLURM --signal=...@N); validated against
     exit_deadline_s."""
@@ -333,6 +341,17 @@ class ResilienceConfig:
     def preemption_signals(self) -> list[signal.Signals]:
         """The signals that mean "preemption coming"."""
         return [signal.Signals[name] for name in self.signal_names()]
+
+    def exit_allowance(self, longest_step_s: float, longest_save_s: float) -> tuple[float, str]:
+        """How long the graceful path after a preemption signal may take before the forced exit, given
+        the longest step and save measured, and which rule set it."""
+        scaled = self.exit_deadline_multiple * (longest_step_s + longest_save_s)
+        if scaled > self.exit_deadline_s:
+            return scaled, (
+                f"resilience.exit_deadline_multiple={self.exit_deadline_multiple:g} x (the longest step, "
+                f"{longest_step_s:.1f}s, + the longest save, {longest_save_s:.1f}s)"
+            )
+        return self.exit_deadline_s, f"resilience.exit_deadline_s={self.exit_deadline_s:g}"
 
     def hang_allowance(self, longest_step_s: float) -> tuple[float, str]:
         """How long a training step may take before it is declared hung, given the longest step seen,

@@ -200,6 +200,11 @@ def validate(cfg: JobConfig) -> None:
         "resilience.hang_timeout_s alone)",
     )
     _require(
+        math.isfinite(r.exit_deadline_multiple) and r.exit_deadline_multiple >= 0,
+        f"resilience.exit_deadline_multiple={r.exit_deadline_multiple} must be a finite number >= 0 (0 = "
+        "resilience.exit_deadline_s alone)",
+    )
+    _require(
         r.exit_deadline_s > 0 and r.scheduler_lead_time_s > 0,
         "resilience.exit_deadline_s and resilience.scheduler_lead_time_s must be positive",
     )

@@ -44,6 +44,7 @@ from truestep.model.recompute import set_activation_checkpointing
 from truestep.parallel.dist import DistContext
 from truestep.parallel.grad_norm import clip_grad_norm
 from truestep.parallel.parallelize import build_model, init_parameters, uses_mixed_precision
+from truestep.resilience.startup_stop import stop_if_signalled
 from truestep.telemetry.run_logs import RunLogs
 from truestep.train.emulation import GradientNoise, RestoreError
 from truestep.train.memory import check_memory
@@ -109,6 +110,7 @@ class Trainer:
         ):
             # A fresh start from given weights: refuse a misfit before allocating the model.
             precheck_init_from(cfg.checkpoint.init_from, cfg.model)
+        stop_if_signalled(cfg, ctx, "before building the model")  # preempted while starting: stop now
         self.memory_estimate = check_memory(cfg, ctx, logs)  # before anything big is allocated
         self.model = build_model(ctx, cfg)
         set_activation_checkpointing(self.model, cfg.train.activation_checkpointing)
