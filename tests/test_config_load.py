@@ -280,12 +280,3 @@ def test_invalid_toml_syntax(tmp_path):
         load_config(path)
     assert path in str(err.value)
 
-
-def test_presets_lists_each_preset_with_its_size(capsys: pytest.CaptureFixture[str]) -> None:
-    from truestep.cli.main import _presets_main
-
-    assert _presets_main([]) == 0
-    lines = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()}
-    assert sorted(lines) == preset_names()
-    assert "   1.24B parameters  (dim 2048, 16 layers, 32 heads (8 kv), vocab 128256)" in lines["llama3.2-1b"]
-    assert " 8.03B parameters" in lines["llama3-8b"] and " 70.55B parameters" in lines["70b"]
