@@ -279,4 +279,3 @@ def test_invalid_toml_syntax(tmp_path):
     with pytest.raises(ConfigError, match="invalid TOML") as err:
         load_config(path)
     assert path in str(err.value)
-
