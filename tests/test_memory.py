@@ -183,3 +183,34 @@ def test_mixed_precision_on_cpu_needs_fsdp(tmp_path: Path, capsys: pytest.Captur
     assert "needs FSDP (dp > 1" in capsys.readouterr().err
     with pytest.raises(Exception, match="needs parallel.mixed_precision=true"):
         load_config("tiny", ["--parallel.mixed_precision=false", "--parallel.mixed_precision_cpu=true"])
+
+
+_FRAGMENT = """
+import sys, torch
+from truestep.parallel.memory import resident_bytes, return_freed_memory
+if sys.argv[1] == "on":
+    assert return_freed_memory()
+torch.empty(8 << 20, dtype=torch.uint8)  # one big free: glibc raises its mmap threshold to 8 MiB
+kept = [torch.ones(2 << 20, dtype=torch.uint8) for _ in range(100)]  # 200 MiB of 2 MiB tensors
+before = resident_bytes()
+del kept[::2]  # free every other one: holes in a heap, whole mappings otherwise
+print(before - resident_bytes())
+"""
+
+
+@pytest.mark.parametrize("switch", ["on", "off"])
+def test_freed_activations_go_back_to_the_os_only_with_the_fixed_threshold(switch: str) -> None:
+    """parallel.cpu_return_freed_memory: 100 MiB freed in 2 MiB pieces between live ones is returned to
+    the OS with the threshold fixed, and kept as heap fragments with glibc's default (a fresh process
+    each: the setting is process-wide)."""
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-c", _FRAGMENT, switch], capture_output=True, text=True, check=True, timeout=120
+    )
+    released = int(out.stdout.split()[-1])
+    if switch == "on":
+        assert released > 90 * 2**20, released
+    else:
+        assert released < 10 * 2**20, released
