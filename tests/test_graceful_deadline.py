@@ -40,12 +40,16 @@ def test_every_rank_remembers_its_longest_save_even_without_logs(tmp_path: Path)
     assert logs.longest_save_s() == 3.5 and not (tmp_path / "events.jsonl").exists()
 
 
-def test_a_run_says_when_its_graceful_stop_no_longer_fits_the_schedulers_warning(tmp_path: Path) -> None:
+def test_a_run_says_when_its_graceful_stop_no_longer_fits_the_schedulers_warning(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     job = ["--train.max_steps=3", "--schedule.warmup_steps=1", "--checkpoint.interval=1"]
     tight = ["--resilience.exit_deadline_s=1", "--resilience.scheduler_lead_time_s=2"]
     assert run_in_process(tmp_path, *job, *tight, "--resilience.exit_deadline_multiple=10000") == 0
     (said,) = events(tmp_path, "exit_deadline_beyond_lead_time")  # once, however many steps follow
     assert said["deadline_s"] > 2 and "exit_deadline_multiple=10000" in said["rule"]
+    warned = [line for line in capsys.readouterr().err.splitlines() if "a graceful stop may now take" in line]
+    assert len(warned) == 1 and "SLURM --signal=TERM@N" in warned[0], warned
     assert run_in_process(tmp_path / "fits", *job, *tight, "--resilience.exit_deadline_multiple=0") == 0
     assert not events(tmp_path / "fits", "exit_deadline_beyond_lead_time")
 

@@ -150,7 +150,8 @@ def test_a_restart_without_standbys_is_said_cold() -> None:
 def test_rank_and_supervisor_kinds_do_not_overlap_so_nothing_is_said_twice() -> None:
     rank_kinds = {"signal_received", "checkpoint_commit", "checkpoint_skipped", "run_end",
                   "checkpoint_quarantined", "checkpoint_verified", "checkpoint_restore", "nan_rollback",
-                  "memory_estimate", "init_from", "run_start", "eval"}  # fmt: skip
+                  "memory_estimate", "init_from", "run_start", "eval",
+                  "exit_deadline_beyond_lead_time"}  # fmt: skip
     supervisor_kinds = {"attempt_start", "standby_handoff", "restart", "failure_detected", "supervisor_end"}
     assert set(LINES) == rank_kinds | supervisor_kinds
 

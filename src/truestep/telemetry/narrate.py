@@ -218,6 +218,15 @@ def _eval(n: Narrator, r: dict[str, Any]) -> str:
     )
 
 
+def _deadline_beyond_lead(n: Narrator, r: dict[str, Any]) -> str:
+    return (
+        f"warning: a graceful stop may now take up to {r.get('deadline_s', 0.0):.0f} s ({r.get('rule')}), more "
+        f"than resilience.scheduler_lead_time_s={r.get('scheduler_lead_time_s')}: a preemption would be killed "
+        "mid-save; ask the scheduler for an earlier warning (SLURM --signal=TERM@N) and raise "
+        "resilience.scheduler_lead_time_s to match"
+    )
+
+
 def _nan_rollback(n: Narrator, r: dict[str, Any]) -> str:
     return f"rolled back to step {r.get('to_step')} after {r.get('after_consecutive')} non-finite steps"
 
@@ -281,6 +290,7 @@ LINES: dict[str, Callable[[Narrator, dict[str, Any]], str | None]] = {
     "init_from": _init_from,
     "run_start": _run_start,
     "eval": _eval,
+    "exit_deadline_beyond_lead_time": _deadline_beyond_lead,
     "attempt_start": _attempt_start,
     "standby_handoff": _handoff,
     "restart": _restart,
