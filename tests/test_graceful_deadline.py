@@ -64,6 +64,12 @@ def test_a_signal_recorded_during_start_up_stops_before_the_first_step(
         early_signals.pending.clear()
     err = capsys.readouterr().err
     assert "stopped by SIGTERM during start-up (before building the model), before any step" in err
+    [said] = events(tmp_path, "signal_received")
+    assert (said["stop_step"], said["stop_reason"], said["during_startup"]) == (
+        0,
+        "preempted",
+        "before building the model",
+    )
     assert not (tmp_path / "metrics.jsonl").exists() or not (tmp_path / "metrics.jsonl").read_text()
     assert not (tmp_path / "checkpoints").exists()
 

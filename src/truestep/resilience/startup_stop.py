@@ -5,6 +5,8 @@ there is nothing to save. Ranks agree (one all-reduce) so that all of them stop 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.distributed as dist
 
@@ -36,9 +38,18 @@ def pending_stop(cfg: JobConfig) -> tuple[int, str | None]:
     return flag, name
 
 
-def stop_if_signalled(cfg: JobConfig, ctx: DistContext, where: str, flag: int | None = None) -> None:
+def stop_if_signalled(
+    cfg: JobConfig,
+    ctx: DistContext,
+    where: str,
+    say: Callable[..., None],
+    step: int,
+    flag: int | None = None,
+) -> None:
     """Collective when distributed. Raise StoppedInStartup when any rank got a preemption signal or
-    Ctrl-C during start-up; `flag`: this rank's (default: from the signals recorded so far)."""
+    Ctrl-C during start-up, after logging it through `say` (the run's event log: `signal_received` with
+    `during_startup`, at `step`, the step the run stands at); `flag`: this rank's (default: from the
+    signals recorded so far)."""
     mine, name = pending_stop(cfg) if flag is None else (flag, None)
     agreed = mine
     if ctx.distributed:
@@ -48,6 +59,8 @@ def stop_if_signalled(cfg: JobConfig, ctx: DistContext, where: str, flag: int | 
     if agreed == NONE:
         return
     code = int(ExitCode.INTERRUPTED) if agreed == INTERRUPT else cfg.resilience.requeue_exit_code
+    reason = "interrupted" if agreed == INTERRUPT else "preempted"
+    say("signal_received", signal=name or "peer", stop_step=step, stop_reason=reason, during_startup=where)
     what = f"{name or 'a signal'}" if mine else "a peer rank's signal"
     then = "requeue me" if agreed == PREEMPT else "interrupted"
     raise StoppedInStartup(

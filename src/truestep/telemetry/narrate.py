@@ -81,6 +81,8 @@ class Narrator:
 
 
 def _signal_received(n: Narrator, r: dict[str, Any]) -> str | None:
+    if r.get("during_startup"):
+        return None  # the rank stops before its first step; its one line says so (startup_stop.py)
     n.stop_step = r.get("stop_step")
     reason, signal = r.get("stop_reason"), r.get("signal")
     if reason == "preempted":

@@ -110,7 +110,7 @@ class Trainer:
         ):
             # A fresh start from given weights: refuse a misfit before allocating the model.
             precheck_init_from(cfg.checkpoint.init_from, cfg.model)
-        stop_if_signalled(cfg, ctx, "before building the model")  # preempted while starting: stop now
+        stop_if_signalled(cfg, ctx, "before building the model", logs.event, 0)  # preempted while starting
         self.memory_estimate = check_memory(cfg, ctx, logs)  # before anything big is allocated
         self.model = build_model(ctx, cfg)
         set_activation_checkpointing(self.model, cfg.train.activation_checkpointing)

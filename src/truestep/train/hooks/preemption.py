@@ -25,7 +25,10 @@ class PreemptionHook(Hook):
         r = trainer.cfg.resilience
         self.watcher = SignalWatcher(r.preemption_signals(), r.exit_deadline_s, r.requeue_exit_code + 1)
         # A signal during the restore: stop before the first step (nothing new to save), not after it.
-        stop_if_signalled(trainer.cfg, trainer.ctx, "after the restore", self.watcher.flag)
+        where = "after the restore" if trainer.state.step else "after building the model"
+        stop_if_signalled(
+            trainer.cfg, trainer.ctx, where, trainer.logs.event, trainer.state.step, self.watcher.flag
+        )
 
     def after_step(self, trainer: Trainer, result: StepResult) -> None:
         r = trainer.cfg.resilience
