@@ -13,7 +13,12 @@ import pytest
 from harness import metrics, run_in_process
 from truestep.core.errors import ExitCode
 
-JOB = ["--metrics.progress=true", "--checkpoint.interval=0", "--schedule.warmup_steps=1"]
+JOB = [
+    "--metrics.progress=true",
+    "--metrics.step_lines=true",
+    "--checkpoint.interval=0",
+    "--schedule.warmup_steps=1",
+]
 
 
 def _stderr_lines(capsys: pytest.CaptureFixture[str]) -> list[str]:
@@ -41,7 +46,9 @@ def test_a_log_file_gets_a_banner_plain_step_lines_and_narration_on_its_own_line
     assert all(k in steps[0] for k in (" | loss ", " | lr ", " | grad norm ", " tok/s | ", " | peak mem ")), (
         steps[0]
     )
-    assert any(line.startswith("truestep train: memory estimate: ") for line in lines)
+    assert (
+        lines[banner + 3].startswith("  memory estimate ") and " per rank (parameters " in lines[banner + 3]
+    )
 
     weights = str(first / "checkpoints" / "step_00000004")
     job = [*JOB, "--train.max_steps=3", f"--checkpoint.init_from={weights}"]

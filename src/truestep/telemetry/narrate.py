@@ -194,10 +194,18 @@ def _run_start(n: Narrator, r: dict[str, Any]) -> str:
         weights = f"weights from init_from {w.get('path')} (loaded, {w.get('tensors')} tensors, {checked})"
     else:
         weights = "weights initialized from train.seed (no init_from)"
-    return f"training {r.get('name') or 'run'} {where} of {total}: {model}\n  {place}\n  {data}; {weights}"
+    banner = f"training {r.get('name') or 'run'} {where} of {total}: {model}\n  {place}\n  {data}; {weights}"
+    return banner + (f"\n  {memory_line(n.memory)}" if n.memory is not None else "")
 
 
-def _memory_estimate(n: Narrator, r: dict[str, Any]) -> str:
+def _memory_estimate(n: Narrator, r: dict[str, Any]) -> None:
+    n.memory = r  # said in the start banner: a refusal before it (a bad checkpoint) stays one line
+    return None
+
+
+def memory_line(r: dict[str, Any]) -> str:
+    """The estimate's line (parallel/memory.py terms, in GiB)."""
+
     def g(key: str) -> str:
         value = r.get(key)
         return f"{value / 2**30:.2f} GiB" if isinstance(value, int | float) else "?"
@@ -205,10 +213,9 @@ def _memory_estimate(n: Narrator, r: dict[str, Any]) -> str:
     available = r.get("available_bytes")
     fits = "" if available is None else f"; {g('host_need_bytes')} of {g('available_bytes')} available"
     return (
-        f"memory estimate: {g('peak_bytes')} per rank (parameters {g('parameters_bytes')}, gradients "
+        f"memory estimate {g('peak_bytes')} per rank (parameters {g('parameters_bytes')}, gradients "
         f"{g('gradients_bytes')}, optimizer state {g('optimizer_state_bytes')}, activations "
-        f"{g('activations_bytes')}, runtime {g('runtime_bytes')}; activation checkpointing "
-        f"{r.get('activation_checkpointing')}){fits}"
+        f"{g('activations_bytes')}, runtime {g('runtime_bytes')}){fits}"
     )
 
 
