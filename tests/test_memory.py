@@ -138,7 +138,7 @@ def test_a_job_that_does_not_fit_is_refused_before_the_model_exists(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """The host's available memory is the one thing faked: 1 MiB, which no run fits."""
-    monkeypatch.setattr("truestep.train.memory.available_bytes", lambda device: 2**20)
+    monkeypatch.setattr("truestep.train.memory_check.available_bytes", lambda device: 2**20)
     built: list[int] = []
     monkeypatch.setattr("truestep.train.trainer.build_model", lambda *a: built.append(1))
     assert run_in_process(tmp_path / "refused", "--train.max_steps=2") == ExitCode.USAGE
@@ -149,7 +149,7 @@ def test_a_job_that_does_not_fit_is_refused_before_the_model_exists(
     refused = events(tmp_path / "refused", "memory_estimate")
     assert refused and refused[0]["fits"] is False and refused[0]["available_bytes"] == 2**20
     monkeypatch.undo()
-    monkeypatch.setattr("truestep.train.memory.available_bytes", lambda device: 2**20)
+    monkeypatch.setattr("truestep.train.memory_check.available_bytes", lambda device: 2**20)
     assert run_in_process(tmp_path / "anyway", "--train.max_steps=2", "--train.memory_check=false") == 0
     assert events(tmp_path / "anyway", "memory_estimate")[0]["enforced"] is False
 

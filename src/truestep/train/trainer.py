@@ -47,7 +47,7 @@ from truestep.parallel.parallelize import build_model, init_parameters, uses_mix
 from truestep.resilience.startup_stop import stop_if_signalled
 from truestep.telemetry.run_logs import RunLogs
 from truestep.train.emulation import GradientNoise, RestoreError
-from truestep.train.memory import check_memory
+from truestep.train.memory_check import check_memory
 from truestep.train.optimizer import build_optimizer, set_lr
 from truestep.train.rng import capture_rng, restore_rng, seed_streams
 from truestep.train.schedule import lr_at

@@ -17,7 +17,7 @@ from truestep.telemetry.tensorboard import TensorBoardWriter
 from truestep.telemetry.throughput import device_peak_flops, mfu
 from truestep.telemetry.wandb_logger import WandbWriter
 from truestep.train.hooks.base import Hook
-from truestep.train.memory import peak_over_ranks, peaks_per_rank
+from truestep.train.memory_check import peak_over_ranks, peaks_per_rank
 
 if TYPE_CHECKING:
     from truestep.train.trainer import StepResult, Trainer
