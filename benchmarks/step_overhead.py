@@ -44,7 +44,7 @@ from truestep.core.status import RankStatus
 from truestep.model.llama import Transformer
 from truestep.parallel.dist import DistContext, init_distributed, shutdown
 from truestep.telemetry.run_logs import RunLogs
-from truestep.telemetry.tensorboard import TensorBoardSink
+from truestep.telemetry.tensorboard import ScalarSinks
 from truestep.train.loop import in_order
 from truestep.train.restorer import Restorer
 from truestep.train.run import build_hooks
@@ -100,8 +100,7 @@ def make_sides(cfg: JobConfig, ctx: DistContext, run_dir: Path, steps: int) -> d
         "",
         mechanisms,
     )
-    tensorboard = TensorBoardSink(run_dir / "tb", False)
-    hooks = in_order(build_hooks(checkpointer, tensorboard))
+    hooks = in_order(build_hooks(checkpointer, ScalarSinks(None)))
     start = Restorer(trainer, checkpointer, mechanisms).start()
     view = StepView(trainer)
     for hook in hooks:

@@ -21,6 +21,7 @@ TINY = [
     "--data.seq_len=32",
     "--train.global_batch_size=8",
     "--metrics.progress=false",
+    "--metrics.step_lines=false",  # a quiet console: tests of a refusal expect its one line alone
 ]
 
 # The layouts the suite covers: name -> (processes, overrides).

@@ -203,7 +203,8 @@ def test_a_stop_at_a_step_being_saved_does_not_say_saved_before_the_commit() -> 
 def test_rank_and_supervisor_kinds_do_not_overlap_so_nothing_is_said_twice() -> None:
     rank_kinds = {"signal_received", "checkpoint_commit", "checkpoint_skipped", "run_end",
                   "checkpoint_quarantined", "checkpoint_verified", "checkpoint_restore", "nan_rollback",
-                  "memory_restore"}  # fmt: skip
+                  "memory_restore", "memory_estimate", "init_from", "run_start", "eval",
+                  "exit_deadline_beyond_lead_time"}  # fmt: skip
     supervisor_kinds = {"attempt_start", "standby_handoff", "restart", "failure_detected", "supervisor_end",
                         "memory_lost"}  # fmt: skip
     assert set(LINES) == rank_kinds | supervisor_kinds

@@ -36,7 +36,7 @@ commands:
   prepare-data INPUT... --out DIR            tokenize a corpus (.txt .jsonl[.gz|.zst] .parquet, datasets dirs)
   config [CONFIG] [--section.key=value ...]  print the resolved config as TOML
   config --reference                         print the config reference (docs/config.md)
-  presets                                    list the built-in presets
+  presets                                    list the built-in presets with their sizes
 """
 
 
@@ -55,9 +55,15 @@ def _config_main(argv: list[str]) -> int:
 
 
 def _presets_main(argv: list[str]) -> int:
-    from truestep.config.load import preset_names
+    from truestep.config.load import load_config, preset_names
+    from truestep.model.llama import count_parameters
 
-    print("\n".join(preset_names()))
+    for name in preset_names():
+        m = load_config(name).model
+        shape = f"dim {m.dim}, {m.n_layers} layers, {m.n_heads} heads ({m.n_kv_heads or m.n_heads} kv), vocab {m.vocab_size}"
+        n = count_parameters(m)
+        size = f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.1f}M" if n >= 1e6 else f"{n / 1e3:.0f}K"
+        print(f"{name:<14} {size:>7} parameters  ({shape})")
     return 0
 
 

@@ -31,6 +31,8 @@ class DistContext:
     rank: int = 0
     world_size: int = 1
     local_rank: int = 0
+    local_world_size: int = 1
+    """Ranks on this host (they share its memory)."""
     dp: int = 1
     tp: int = 1
     dp_rank: int = 0
@@ -125,6 +127,7 @@ def init_distributed(cfg: JobConfig, launch: Launch | None = None) -> DistContex
         rank=rank,
         world_size=world,
         local_rank=local,
+        local_world_size=launch.local_world_size,
         dp=dp,
         tp=tp,
         dp_rank=mesh["dp"].get_local_rank(),

@@ -54,6 +54,8 @@ class Narrator:
     """Of `handoffs`, standbys still importing when handed their rank (no faster than a cold start)."""
     committed: set[int] = field(default_factory=set)
     """Steps whose checkpoint this writer saw committed (checkpoint_commit)."""
+    weights_from: dict[str, Any] | None = None
+    memory: dict[str, Any] | None = None
 
     def tell(self, record: dict[str, Any]) -> str | None:
         """Say the record's line, if its kind has one; returns what was said."""
@@ -84,6 +86,8 @@ class Narrator:
 
 
 def _signal_received(n: Narrator, r: dict[str, Any]) -> str | None:
+    if r.get("during_startup"):
+        return None  # the rank stops before its first step; its one line says so (startup_stop.py)
     n.stop_step = r.get("stop_step")
     reason, signal = r.get("stop_reason"), r.get("signal")
     if reason == "preempted":
@@ -178,6 +182,90 @@ def _memory_lost(n: Narrator, r: dict[str, Any]) -> str:
     return f"the snapshot memory of rank(s) {ranks} is lost with them: a buddy's copy (or the disk) restores them"
 
 
+def _init_from(n: Narrator, r: dict[str, Any]) -> None:
+    n.weights_from = r  # said in the start banner
+    return None
+
+
+def _count(value: Any) -> str:
+    if not isinstance(value, int | float):
+        return "?"
+    for unit, size in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if value >= size:
+            return f"{value / size:.2f}{unit}"
+    return str(value)
+
+
+def _run_start(n: Narrator, r: dict[str, Any]) -> str:
+    """The start banner: what trains, where, on what, from where (three lines under one prefix)."""
+    keys, layout = r.get("trajectory_keys") or {}, r.get("layout") or {}
+    start, total = r.get("start_step", 0), r.get("max_steps")
+    where = "from step 0" if not start else f"resumed at step {start}"
+    model = (
+        f"{_count(r.get('parameters'))} parameters (dim {keys.get('model.dim')}, {keys.get('model.n_layers')} "
+        f"layers, vocab {keys.get('model.vocab_size')})"
+    )
+    precision = r.get("compute_dtype", "float32")
+    backend = layout.get("backend")
+    group = f" ({backend})" if backend not in (None, "none") else " (one process, no process group)"
+    place = (
+        f"{layout.get('world_size')} rank(s) = dp {layout.get('dp')} x tp {layout.get('tp')} on "
+        f"{r.get('device')}{group}, {precision}, activation checkpointing "
+        f"{r.get('activation_checkpointing', 'none')}"
+    )
+    gbs, seq = keys.get("train.global_batch_size"), keys.get("data.seq_len")
+    tokens = gbs * seq if isinstance(gbs, int) and isinstance(seq, int) else "?"
+    data = f"data {r.get('data') or '?'}: {gbs} x {seq} = {tokens} tokens per step"
+    if start:
+        weights = "weights from the checkpoint it resumed"
+    elif n.weights_from is not None:
+        w = n.weights_from
+        checked = "SHA-256 verified" if w.get("checksums") else "not checksummed"
+        weights = f"weights from init_from {w.get('path')} (loaded, {w.get('tensors')} tensors, {checked})"
+    else:
+        weights = "weights initialized from train.seed (no init_from)"
+    banner = f"training {r.get('name') or 'run'} {where} of {total}: {model}\n  {place}\n  {data}; {weights}"
+    return banner + (f"\n  {memory_line(n.memory)}" if n.memory is not None else "")
+
+
+def _memory_estimate(n: Narrator, r: dict[str, Any]) -> None:
+    n.memory = r  # said in the start banner: a refusal before it (a bad checkpoint) stays one line
+    return None
+
+
+def memory_line(r: dict[str, Any]) -> str:
+    """The estimate's line (parallel/memory.py terms, in GiB)."""
+
+    def g(key: str) -> str:
+        value = r.get(key)
+        return f"{value / 2**30:.2f} GiB" if isinstance(value, int | float) else "?"
+
+    available = r.get("available_bytes")
+    fits = "" if available is None else f"; {g('host_need_bytes')} of {g('available_bytes')} available"
+    return (
+        f"memory estimate {g('peak_bytes')} per rank (parameters {g('parameters_bytes')}, gradients "
+        f"{g('gradients_bytes')}, optimizer state {g('optimizer_state_bytes')}, activations "
+        f"{g('activations_bytes')}, runtime {g('runtime_bytes')}){fits}"
+    )
+
+
+def _eval(n: Narrator, r: dict[str, Any]) -> str:
+    return (
+        f"eval at step {r.get('step')}: loss {r.get('loss', float('nan')):.4f}, perplexity "
+        f"{r.get('perplexity', float('nan')):.2f} ({r.get('tokens')} tokens of {r.get('path')}, "
+        f"{r.get('eval_s', 0.0):.1f} s)"
+    )
+
+
+def _deadline_beyond_lead(n: Narrator, r: dict[str, Any]) -> str:
+    return (
+        f"warning: a graceful stop may now take up to {r.get('deadline_s', 0.0):.0f} s ({r.get('rule')}), more "
+        f"than resilience.scheduler_lead_time_s={r.get('scheduler_lead_time_s')}: a preemption would be killed "
+        "mid-save; ask the scheduler for an earlier warning (SLURM --signal=TERM@N) and raise "
+        "resilience.scheduler_lead_time_s to match"
+    )
+
+
 def _nan_rollback(n: Narrator, r: dict[str, Any]) -> str:
     return f"rolled back to step {r.get('to_step')} after {r.get('after_consecutive')} non-finite steps"
 
@@ -256,6 +344,11 @@ LINES: dict[str, Callable[[Narrator, dict[str, Any]], str | None]] = {
     "memory_restore": _memory_restore,
     "memory_lost": _memory_lost,
     "nan_rollback": _nan_rollback,
+    "memory_estimate": _memory_estimate,
+    "init_from": _init_from,
+    "run_start": _run_start,
+    "eval": _eval,
+    "exit_deadline_beyond_lead_time": _deadline_beyond_lead,
     "attempt_start": _attempt_start,
     "standby_handoff": _handoff,
     "restart": _restart,

@@ -53,10 +53,12 @@ from truestep.resilience.heartbeat import Heartbeat
 from truestep.resilience.lease import RunDirLease
 from truestep.telemetry.narrate import Narrator
 from truestep.telemetry.run_logs import RunLogs
-from truestep.telemetry.tensorboard import TensorBoardSink
+from truestep.telemetry.tensorboard import ScalarSinks
+from truestep.telemetry.wandb_logger import WandbWriter
 from truestep.train.hooks import (
     CheckpointHook,
     CollectiveTimeoutHook,
+    EvalHook,
     Hook,
     MetricsHook,
     NanGuardHook,
@@ -73,22 +75,33 @@ BUSY = -1
 
 
 def build_hooks(
-    checkpointer: Checkpointer, tensorboard: TensorBoardSink, memory: MemoryPath | None = None
+    checkpointer: Checkpointer, sinks: ScalarSinks, memory: MemoryPath | None = None
 ) -> list[Hook]:
     """One hook per mechanism; the loop runs them in their `Slot` order (train/hooks/base.py). Hooks that
-    share an output share the object (the TensorBoard sink), never each other."""
+    share an output share the object (the scalar sinks: TensorBoard, W&B), never each other."""
     hooks: list[Hook] = [
-        SelfCheckHook(tensorboard),
+        SelfCheckHook(sinks),
         CheckpointHook(checkpointer),
         StopWitnessHook(),
         CollectiveTimeoutHook(),
-        MetricsHook(tensorboard),
+        MetricsHook(sinks),
+        EvalHook(sinks),
         NanGuardHook(),
         PreemptionHook(),
     ]
     if memory is not None:
         hooks.append(SnapshotHook(memory))
     return hooks
+
+
+def scalar_sinks(cfg: JobConfig, ctx: DistContext, run_dir: Path, attempt: int) -> ScalarSinks:
+    """Rank 0's TensorBoard and W&B outputs, each when it is on (the other ranks write none)."""
+    m = cfg.metrics
+    tensorboard = run_dir / TENSORBOARD_DIR if ctx.is_main and m.tensorboard else None
+    wandb = (
+        (lambda: WandbWriter(run_dir, cfg, m.wandb, attempt)) if ctx.is_main and m.wandb != "off" else None
+    )
+    return ScalarSinks(tensorboard, wandb)
 
 
 def exit_code(cfg: JobConfig, stop_reason: StopReason | None) -> int:
@@ -260,8 +273,7 @@ def _train(
         memory = None
         if cfg.resilience.snapshot_every_steps and run_id:  # a run without a lease has no memory to name
             memory = MemoryPath(trainer, run_id, launch.local_world_size)
-        tensorboard = TensorBoardSink(run_dir / TENSORBOARD_DIR, ctx.is_main and cfg.metrics.tensorboard)
-        hooks.extend(build_hooks(checkpointer, tensorboard, memory))
+        hooks.extend(build_hooks(checkpointer, scalar_sinks(cfg, ctx, run_dir, attempt.number), memory))
         train_loop(trainer, hooks, Restorer(trainer, checkpointer, mechanisms, memory))
     except TruestepError as err:
         logs.event("run_refused", error=type(err).__name__, message=str(err), exit_code=int(err.exit_code))

@@ -41,12 +41,16 @@ from truestep.core.status import RankStatus, StopReason
 from truestep.data import build_loader
 from truestep.faults.hooks import armed as armed_faults
 from truestep.faults.hooks import poison_loss
+from truestep.model.llama import count_parameters
+from truestep.model.recompute import set_activation_checkpointing
 from truestep.parallel.dist import DistContext
 from truestep.parallel.grad_norm import clip_grad_norm
-from truestep.parallel.parallelize import build_model, init_parameters
+from truestep.parallel.parallelize import build_model, init_parameters, uses_mixed_precision
+from truestep.resilience.startup_stop import stop_if_signalled
 from truestep.telemetry.digest import param_digest
 from truestep.telemetry.run_logs import RunLogs
 from truestep.train.emulation import GradientNoise, RestoreError
+from truestep.train.memory_check import check_memory
 from truestep.train.optimizer import build_optimizer, set_lr
 from truestep.train.rng import capture_rng, restore_rng, seed_streams
 from truestep.train.schedule import lr_at
@@ -109,7 +113,10 @@ class Trainer:
         ):
             # A fresh start from given weights: refuse a misfit before allocating the model.
             precheck_init_from(cfg.checkpoint.init_from, cfg.model)
+        stop_if_signalled(cfg, ctx, "before building the model", logs.event, 0)  # preempted while starting
+        self.memory_estimate = check_memory(cfg, ctx, logs)  # before anything big is allocated
         self.model = build_model(ctx, cfg)
+        set_activation_checkpointing(self.model, cfg.train.activation_checkpointing)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = build_optimizer(self.model, cfg)
         micro = cfg.train.micro_batch(ctx.dp)
@@ -154,6 +161,14 @@ class Trainer:
             max_steps=self.cfg.train.max_steps,
             faults=[spec.text for spec in armed_faults()],  # an armed fault is never silent
             state=asdict(self.state),
+            parameters=count_parameters(self.cfg.model),
+            compute_dtype="bfloat16"
+            if self.ctx.dp > 1 and uses_mixed_precision(self.cfg, self.ctx.device.type)
+            else "float32",
+            activation_checkpointing=self.cfg.train.activation_checkpointing,
+            data=self.cfg.data.path
+            or ", ".join(f"{s.path} ({s.weight:g})" for s in self.cfg.data.sources)
+            or "built-in demo corpus",
         )
 
     # --- the step ----------------------------------------------------------------------------------

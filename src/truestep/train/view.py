@@ -68,6 +68,11 @@ class StepView:
         return self._trainer.stop_reason
 
     @property
+    def longest_step_s(self) -> float:
+        """The longest step this process has completed (seconds, batch fetch included)."""
+        return self._trainer.status.longest_step_s
+
+    @property
     def tokens_per_step(self) -> int:
         return self._trainer.tokens_per_step
 

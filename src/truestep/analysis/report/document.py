@@ -22,6 +22,7 @@ from truestep.analysis.report.sections import (
     goodput_blocks,
     mttr_blocks,
 )
+from truestep.analysis.report.training import training_blocks
 from truestep.analysis.summary import ExperimentSummary, GroupSummary, RunAnalysis
 
 FLOOR_TEXT = (
@@ -112,6 +113,7 @@ def run_section(
     if full:
         blocks += goodput_blocks(run)
     blocks += mttr_blocks(run, explain_mttr)
+    blocks += training_blocks(run)
     return blocks + figures.runs.get(run.name, [])
 
 

@@ -18,7 +18,7 @@ from truestep.analysis.report.format import (
 from truestep.analysis.report.sections import digest_text
 from truestep.analysis.summary import RunAnalysis
 
-TEXT_SECTIONS = ("fidelity", "goodput", "badput", "mttr", "checkpoint")
+TEXT_SECTIONS = ("fidelity", "goodput", "badput", "mttr", "checkpoint", "training")
 
 
 def incident_summary(run: RunAnalysis) -> str:
@@ -108,5 +108,16 @@ def render_run_text(run: RunAnalysis, sections: Iterable[str] | None = None) -> 
             "checkpoint",
             f"{plural(ck.saves, 'save')}, mean blocking {fmt_seconds(ck.mean_blocking_s)}, "
             f"{fmt_pct(ck.amortized_blocking_fraction)} of training time",
+        )
+    if "training" in want and run.peak_mem_bytes_per_rank:
+        estimated = run.memory_estimate_bytes
+        said = f"estimated {estimated / 2**30:.2f} GiB per rank; " if estimated is not None else ""
+        measured = ", ".join(f"rank {r} {p / 2**30:.2f}" for r, p in enumerate(run.peak_mem_bytes_per_rank))
+        row("memory", f"{said}measured peak GiB: {measured}")
+    if "training" in want and run.evals:
+        step, loss, ppl = run.evals[-1]
+        row(
+            "eval",
+            f"step {step}: held-out loss {loss:.4f}, perplexity {ppl:.2f} ({len(run.evals)} evaluations)",
         )
     return "\n".join(lines)

@@ -8,6 +8,7 @@ resume self-check's hooks are train/selfcheck/.
 
 from truestep.train.hooks.base import Hook, Slot
 from truestep.train.hooks.checkpointing import CheckpointHook
+from truestep.train.hooks.evaluation import EvalHook
 from truestep.train.hooks.metrics import MetricsHook
 from truestep.train.hooks.nan_guard import NanGuardHook
 from truestep.train.hooks.preemption import PreemptionHook
@@ -16,6 +17,7 @@ from truestep.train.hooks.timeouts import CollectiveTimeoutHook
 __all__ = [
     "CheckpointHook",
     "CollectiveTimeoutHook",
+    "EvalHook",
     "Hook",
     "MetricsHook",
     "NanGuardHook",

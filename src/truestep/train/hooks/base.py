@@ -34,6 +34,8 @@ class Slot(enum.IntEnum):
     """Shortens the collective timeout after the first step, restores the start-up budget for the end."""
     METRICS = 50
     """The step's metrics line and run_end (with the parameter digest of the final state)."""
+    EVAL = 55
+    """Held-out evaluation at its interval, after the step's own line (it changes nothing a later hook reads)."""
     NAN_GUARD = 60
     """Asks for a rollback after too many non-finite steps (the loop performs it after every hook ran)."""
     PREEMPTION = 70

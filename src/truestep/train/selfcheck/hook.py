@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from truestep.checkpoint.errors import ResumeError
 from truestep.checkpoint.restored import Restored
-from truestep.telemetry.tensorboard import TensorBoardSink
+from truestep.telemetry.tensorboard import ScalarSinks
 from truestep.train.hooks.base import Hook, Slot
 from truestep.train.selfcheck.evidence import DigestEvidence, Evidence, ReplayEvidence
 from truestep.train.selfcheck.judge import judge
@@ -39,8 +39,8 @@ class ResumeDivergedError(ResumeError):
 class SelfCheckHook(Hook):
     slot = Slot.SELF_CHECK
 
-    def __init__(self, tensorboard: TensorBoardSink) -> None:
-        self.tensorboard = tensorboard
+    def __init__(self, sinks: ScalarSinks) -> None:
+        self.sinks = sinks
         self.restored: Restored | None = None
         self.evidence: list[Evidence] = []
         self.finished = True
@@ -53,7 +53,7 @@ class SelfCheckHook(Hook):
         for evidence in self.evidence:
             evidence.on_start(view, start.restored)
         self.finished = False
-        self.tensorboard.open(view.step)
+        self.sinks.open(view.step)
 
     def after_step(self, view: StepView, result: StepResult) -> None:
         if self.finished:
@@ -87,4 +87,4 @@ class SelfCheckHook(Hook):
         verdict = judge(restored, seen)
         view.logs.event(f"resume_{verdict.verdict}", **verdict.facts)
         print(f"truestep train: {verdict.line}", file=sys.stderr, flush=True)
-        self.tensorboard.scalar("resume/self_check", TB_VALUE[verdict.verdict], view.step)
+        self.sinks.scalars(view.step, {"resume/self_check": TB_VALUE[verdict.verdict]})
