@@ -4,7 +4,12 @@ restores them from a buddy's copy, or from disk when none holds one -- as on a r
 process's (or host's) memory is gone. The survivors' memory stays: they restore from their own.
 
 Which ranks: the one the failure names (a rank that hung, stopped beating, or died first) and every rank
-killed by a signal the supervisor did not send (exit codes are read before its teardown kills the rest).
+killed by a signal the supervisor did not send (exit codes are read before its teardown kills the rest) --
+but not a named rank that exited by itself with an exit code: it raised an error and its memory outlives
+it, as tmpfs does. In a job of several nodes that is how the ranks of a surviving node end when a rank or
+node elsewhere is lost ("a peer rank left the process group", exit 1), and their memory holds the only
+surviving copies of the lost ranks' state (their buddies are on other nodes): dropping it would leave the
+restore nothing (tests/test_memory_loss.py, tests/slurm/test_multinode_slurm.py).
 """
 
 from __future__ import annotations
@@ -20,7 +25,9 @@ from truestep.resilience.watch import Failure
 
 
 def lost_ranks(failure: Failure) -> list[int]:
-    named = {failure.rank} if failure.rank is not None else set()
+    own_code = failure.exit_codes.get(failure.rank) if failure.rank is not None else None
+    exited_itself = own_code is not None and own_code > 0
+    named = {failure.rank} if failure.rank is not None and not exited_itself else set()
     killed = {rank for rank, code in failure.exit_codes.items() if code is not None and code < 0}
     return sorted(named | killed)
 
