@@ -124,7 +124,8 @@ class Restorer:
             restored, facts = self.memory.restore(self.mechanisms.parts, disk_newest)
         except MemoryUnavailable as err:
             trainer.logs.event("memory_restore_skipped", reason=str(err), touched=err.touched)
-            if trainer.ctx.is_main and not err.quiet:
+            quiet = err.quiet and self._last_logged() < 0  # a fresh run: nothing was lost, nothing to say
+            if trainer.ctx.is_main and not quiet:
                 print(f"truestep train: recovering from disk: {err}", file=sys.stderr, flush=True)
             return None, err.touched
         restored = replace(restored, steps_lost=self._steps_lost(restored.step))
@@ -134,6 +135,11 @@ class Restorer:
 
     def _steps_lost(self, step: int) -> int | None:
         """Steps earlier attempts logged past `step` (recomputed now), from rank 0's metrics.jsonl."""
+        last = self._last_logged()
+        return max(0, last - step) if last >= 0 else None
+
+    def _last_logged(self) -> int:
+        """Collective: the newest step an earlier attempt logged (rank 0 reads it; -1 when none)."""
         trainer = self.trainer
         last = -1
         if trainer.ctx.is_main:
@@ -141,8 +147,7 @@ class Restorer:
                 last = _last_logged_step(trainer.run_dir / METRICS_FILE, trainer.logs.attempt)
             except (OSError, UnicodeDecodeError, ValueError):
                 last = -1
-        last = broadcast_int(last, trainer.ctx)
-        return max(0, last - step) if last >= 0 else None
+        return broadcast_int(last, trainer.ctx)
 
     def _resume(self, failed_loads: int = 0) -> Restored | None:
         trainer, cfg = self.trainer, self.trainer.cfg.checkpoint

@@ -52,7 +52,8 @@ class MemoryUnavailable(Exception):
         super().__init__(why)
         self.touched = touched
         self.quiet = quiet
-        """Nothing was ever snapshotted (a fresh run): not worth a console line."""
+        """Nothing is held anywhere and nothing is on disk: a fresh run, unless earlier attempts logged
+        steps (the restorer tells which; a run whose every memory was lost says so)."""
 
 
 @dataclass(frozen=True)
