@@ -126,7 +126,8 @@ class Restorer:
             trainer.logs.event("memory_restore_skipped", reason=str(err), touched=err.touched)
             quiet = err.quiet and self._last_logged() < 0  # a fresh run: nothing was lost, nothing to say
             if trainer.ctx.is_main and not quiet:
-                print(f"truestep train: recovering from disk: {err}", file=sys.stderr, flush=True)
+                where = "recovering from disk" if disk_newest >= 0 else "no committed checkpoint either"
+                print(f"truestep train: {where}: {err}", file=sys.stderr, flush=True)
             return None, err.touched
         restored = replace(restored, steps_lost=self._steps_lost(restored.step))
         trainer.status.step = trainer.state.step
