@@ -17,7 +17,7 @@ TIERS = [
     {"parallel"},
     {"telemetry"},
     {"resilience"},
-    {"checkpoint"},
+    {"checkpoint", "supervisor"},
     {"train", "interop"},
     {"analysis"},
     {"experiment", "audit"},

@@ -26,7 +26,7 @@ from supervised import (
 )
 from truestep.config.load import load_config, to_toml
 from truestep.core.launch import Launch
-from truestep.resilience.standby import StandbyPool
+from truestep.supervisor.standby import StandbyPool
 from truestep.telemetry.jsonl import JsonlWriter
 
 pytestmark = pytest.mark.multiprocess

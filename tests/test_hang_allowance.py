@@ -1,5 +1,5 @@
 """The hang rule grows with the job's own steps (resilience.hang_step_multiple): the supervisor's watch
-(resilience/watch.py) on real heartbeat files and a real live process, in-process. The allowance is the
+(supervisor/watch.py) on real heartbeat files and a real live process, in-process. The allowance is the
 floor (hang_timeout_s) until a rank has reported a completed step's duration (`longest_step_s` in
 its heartbeat), then max(floor, multiple x the longest reported); a step still running never lengthens it.
 Only lower bounds on time are asserted (a loaded machine only makes a stall look longer). The same rule
@@ -22,7 +22,7 @@ from truestep.config.schema import ResilienceConfig
 from truestep.core.names import heartbeat_path
 from truestep.core.status import Phase, RankStatus
 from truestep.resilience.heartbeat import Heartbeat, read_heartbeat
-from truestep.resilience.watch import OBSERVER_PAUSE_S, AttemptWatch, Failure, Rank
+from truestep.supervisor.watch import OBSERVER_PAUSE_S, AttemptWatch, Failure, Rank
 
 FLOOR_S = 0.3
 STEP_S = 0.2

@@ -13,8 +13,8 @@ import pytest
 from truestep.core.launch import ID_LIMIT, Launch, bounded_id
 from truestep.core.names import ENV_JOB_GENERATION, ENV_JOB_ID
 from truestep.resilience.lease import RunDirLease, check_fence, read_lease
-from truestep.resilience.link_auth import hello_line, new_key
-from truestep.resilience.link_gate import HELLO_LIMIT
+from truestep.supervisor.link_auth import hello_line, new_key
+from truestep.supervisor.link_gate import HELLO_LIMIT
 
 HUGE = "j" * 100_000
 

@@ -19,9 +19,9 @@ from truestep.config.load import load_config
 from truestep.core.errors import ExitCode, RefusedError, UnsafePathError, expected_failure
 from truestep.core.status import RankStatus
 from truestep.resilience.heartbeat import Heartbeat
-from truestep.resilience.standby import StandbyPool
-from truestep.resilience.supervisor import LaunchSpec, Supervisor, run_supervisor
-from truestep.resilience.watch import AttemptEnd, Failure, Outcome
+from truestep.supervisor.restart_loop import LaunchSpec, Supervisor, run_supervisor
+from truestep.supervisor.standby import StandbyPool
+from truestep.supervisor.watch import AttemptEnd, Failure, Outcome
 from truestep.telemetry.jsonl import read_jsonl
 
 

@@ -1,4 +1,4 @@
-"""Node 0's front door on the node link survives anything one connection does (resilience/link_gate.py),
+"""Node 0's front door on the node link survives anything one connection does (supervisor/link_gate.py),
 driven one pass at a time over real localhost sockets: a connection evicted by a newer one in the very
 `select()` batch in which it is readable (the race a connection flood hit: a KeyError that killed the
 gate's thread and closed the port), and a connection whose handling fails. A gate whose loop stops
@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 
 from truestep.core.errors import ExitCode, expected_failure
-from truestep.resilience.link_auth import hello_line, new_key, read_challenge
-from truestep.resilience.link_gate import MAX_PENDING_PER_SOURCE, Gate
-from truestep.resilience.peers import GateFailedError, Hub
+from truestep.supervisor.link_auth import hello_line, new_key, read_challenge
+from truestep.supervisor.link_gate import MAX_PENDING_PER_SOURCE, Gate
+from truestep.supervisor.peers import GateFailedError, Hub
 
 KEY = new_key()
 STRANGER = "127.0.0.2"

@@ -1,4 +1,4 @@
-"""Strangers on a real job's node link (resilience/link_auth.py, link_gate.py): two supervisors as two
+"""Strangers on a real job's node link (supervisor/link_auth.py, link_gate.py): two supervisors as two
 "nodes" share a run directory; before node 1 starts, everything public about the job is known to an
 attacker (the lease names the job, the launch and node 0's link port) and it tries: a hello as node 1
 without the key, a hello recorded on another connection, garbage, a 100 MB line, deeply nested JSON, a
@@ -24,7 +24,7 @@ import pytest
 
 from harness import events, truestep_env
 from supervised import assert_matches_reference, finish, launch_cmd, supervisor_events
-from truestep.resilience.link_auth import hello_line, read_challenge, read_key
+from truestep.supervisor.link_auth import hello_line, read_challenge, read_key
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
 

@@ -1,4 +1,4 @@
-"""Which ranks' snapshot memory a failure takes with it (resilience/memory_loss.py), in process: a rank
+"""Which ranks' snapshot memory a failure takes with it (supervisor/memory_loss.py), in process: a rank
 killed or hung loses it; a rank that exited by itself with an error keeps it -- in a job of several
 nodes, the survivors of a loss elsewhere end that way and hold the only copies of the lost ranks."""
 
@@ -10,8 +10,8 @@ from pathlib import Path
 from truestep.config.schema import ResilienceConfig
 from truestep.core.names import snapshot_holder_dir
 from truestep.resilience.lease import RunDirLease, read_lease
-from truestep.resilience.memory_loss import forget_memory, lost_ranks
-from truestep.resilience.watch import Failure
+from truestep.supervisor.memory_loss import forget_memory, lost_ranks
+from truestep.supervisor.watch import Failure
 
 
 def test_a_killed_or_hung_rank_loses_its_memory() -> None:

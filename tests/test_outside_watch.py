@@ -1,4 +1,4 @@
-"""The supervisor's watch sees a rank from outside its interpreter too (resilience/outside.py,
+"""The supervisor's watch sees a rank from outside its interpreter too (supervisor/outside.py,
 /proc/PID/stat): a SIGSTOPped rank is declared within the liveness timeout in every phase -- also while
 it imports torch or before its first heartbeat, where the heartbeat rules alone gave it the 20 s start-up
 allowance (19.2-19.7 s measured) --, a silent rank asleep with no CPU progress likewise, and time a rank
@@ -22,8 +22,8 @@ import pytest
 from truestep.config.schema import ResilienceConfig
 from truestep.core.names import heartbeat_path
 from truestep.core.status import Phase
-from truestep.resilience import outside
-from truestep.resilience.watch import AttemptWatch, Failure, Rank
+from truestep.supervisor import outside
+from truestep.supervisor.watch import AttemptWatch, Failure, Rank
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="no /proc: heartbeats only")
 

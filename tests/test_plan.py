@@ -344,7 +344,7 @@ def test_costs_are_fitted_from_the_analysis_of_a_run(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("multiple", "detect"), [("0", 5.0), ("8", 8.0)])
 def test_without_a_hang_detection_is_the_runs_hang_rule(tmp_path: Path, multiple: str, detect: float) -> None:
     """max(hang_timeout_s = 5, hang_step_multiple x the longest step, 1 s): the rule the supervisor
-    applies (resilience/watch.py)."""
+    applies (supervisor/watch.py)."""
     hand_made_run(tmp_path / "run")
     config = load_config("demo", [f"--resilience.hang_step_multiple={multiple}"])
     (tmp_path / "run" / "config.toml").write_text(to_toml(config))

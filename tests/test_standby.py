@@ -1,4 +1,4 @@
-"""Warm standby ranks (resilience/standby.py, resilience/handoff.py) under the real supervisor.
+"""Warm standby ranks (supervisor/standby.py, supervisor/handoff.py) under the real supervisor.
 
 A restart handed to standbys must be the run that would have happened without the failure, bit for
 bit, in every layout; the processes must be indistinguishable from fresh ranks where the trajectory or
@@ -30,8 +30,8 @@ from supervised import (
 )
 from truestep.config.load import load_config, to_toml
 from truestep.core.launch import Launch
-from truestep.resilience.handoff import PER_ATTEMPT_ENV, adopted_env, env_differences, parked_env
-from truestep.resilience.standby import Standby, StandbyPool
+from truestep.supervisor.handoff import PER_ATTEMPT_ENV, adopted_env, env_differences, parked_env
+from truestep.supervisor.standby import Standby, StandbyPool
 from truestep.telemetry.jsonl import JsonlWriter, read_jsonl
 
 pytestmark = pytest.mark.multiprocess

@@ -12,7 +12,7 @@ from truestep.core.names import ENV_JOB_ID
 from truestep.core.rundir import check_run_dir
 from truestep.faults.optin import ALLOW_FLAG, faults_to_arm
 from truestep.faults.spec import parse_faults
-from truestep.resilience.supervisor import LaunchSpec, run_supervisor
+from truestep.supervisor.restart_loop import LaunchSpec, run_supervisor
 
 
 def launch_main(argv: list[str]) -> int:

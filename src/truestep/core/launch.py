@@ -9,7 +9,7 @@ traceback or a silent default.
 Where a record comes from:
 - `truestep launch` (the supervisor, also under SLURM): `Launch.for_rank` per rank and attempt; the
   rank's environment is the supervisor's plus `to_env()`, and a warm standby is handed the record whole
-  (resilience/standby.py, resilience/handoff.py).
+  (supervisor/standby.py, supervisor/handoff.py).
 - torchrun, or a plain `truestep train`: `from_env` builds it from torchrun's RANK/WORLD_SIZE/... and
   the scheduler's SLURM_JOB_ID/SLURM_RESTART_COUNT; `attempt` is None and rank 0 begins one itself.
 

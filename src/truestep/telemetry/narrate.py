@@ -3,7 +3,7 @@
 The event log (events.jsonl) is the record; this is its spoken summary. Each writer of events narrates
 its own: rank 0 (telemetry/run_logs.py) the preemption, Ctrl-C, the saves that stop makes, a resume
 (which checkpoint, verified how, in how long), a quarantine and the fall-back past it, being back at
-work after a restart; the supervisor (resilience/supervisor.py) a failure detected (kind, rank, after
+work after a restart; the supervisor (supervisor/restart_loop.py) a failure detected (kind, rank, after
 how long), the restart (warm or cold) and the exit code it ends with. The two sets of event kinds do
 not overlap, so nothing is said twice.
 

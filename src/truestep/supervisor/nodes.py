@@ -1,8 +1,8 @@
 """A supervisor's view of the rest of its job: the other nodes, and whether the job has moved on.
 
 What one node's supervisor cannot see in its own ranks, in one place, so that the restart loop
-(resilience/supervisor.py) asks three questions and nothing more:
-- during an attempt (`check`, every poll): is a peer node gone (resilience/peers.py)? Has the job moved
+(supervisor/restart_loop.py) asks three questions and nothing more:
+- during an attempt (`check`, every poll): is a peer node gone (supervisor/peers.py)? Has the job moved
   on without this node -- the lease names another launch or job (fenced: stand aside, exit 5) -- or
   has node 0 merely started the next attempt of this launch (follow it: tear down, restart in place)?
 - when a rank exited FENCED (`rank_fenced`): was it fenced, or did it just see node 0's restart first?
@@ -27,10 +27,10 @@ from truestep.resilience.lease import (
     await_attempt,
     check_fence,
 )
-from truestep.resilience.link_auth import new_key, read_key, remove_key, write_key
-from truestep.resilience.node_loss import NodeLoss
-from truestep.resilience.peers import Hub, Member, make_link
-from truestep.resilience.watch import Failure
+from truestep.supervisor.link_auth import new_key, read_key, remove_key, write_key
+from truestep.supervisor.node_loss import NodeLoss
+from truestep.supervisor.peers import Hub, Member, make_link
+from truestep.supervisor.watch import Failure, FailureKind
 
 
 class JobNodes:
@@ -164,9 +164,11 @@ class JobNodes:
     @staticmethod
     def _superseded(attempt: int) -> Failure:
         return Failure(
-            "attempt_superseded", None, f"node 0 started the next attempt after {attempt}: following it"
+            FailureKind.ATTEMPT_SUPERSEDED,
+            None,
+            f"node 0 started the next attempt after {attempt}: following it",
         )
 
     def _lost(self, loss: NodeLoss) -> Failure:
         self.loss = loss
-        return Failure("node_lost", None, loss.describe(), loss=loss)
+        return Failure(FailureKind.NODE_LOST, None, loss.describe(), loss=loss)

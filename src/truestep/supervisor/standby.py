@@ -3,7 +3,7 @@
 Most of a restart on a small job is not detection or restore but new processes importing torch and
 truestep (2.5-3 s of a 3.6 s MTTR measured on the demo job, and most of a cluster's requeue MTTR).
 So the supervisor keeps, per rank slot, one parked process that has already done that
-(resilience/handoff.py), and at a restart hands it the rank instead of starting a cold one.
+(supervisor/handoff.py), and at a restart hands it the rank instead of starting a cold one.
 
 What a standby may hold is exactly what does not depend on any attempt: imported modules. Nothing of a
 failed attempt's state (weights, optimizer, RNG streams, data position, process group or store) can
@@ -41,9 +41,9 @@ from truestep.core.launch import Launch
 from truestep.core.names import heartbeat_path
 from truestep.core.status import Phase
 from truestep.resilience.early_signals import held_for_child
-from truestep.resilience.handoff import env_differences, parked_env, send_line
 from truestep.resilience.heartbeat import read_heartbeat
-from truestep.resilience.watch import Rank
+from truestep.supervisor.handoff import env_differences, parked_env, send_line
+from truestep.supervisor.watch import Rank
 from truestep.telemetry.jsonl import JsonlWriter
 
 RANK_COMMAND = [sys.executable, "-m", "truestep", "train"]

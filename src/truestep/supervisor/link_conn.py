@@ -1,4 +1,4 @@
-"""One authenticated connection of the supervisors' link (resilience/peers.py): sealed lines, bounded
+"""One authenticated connection of the supervisors' link (supervisor/peers.py): sealed lines, bounded
 reads, sends that never block a supervisor for long."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import threading
 import time
 from typing import Any
 
-from truestep.resilience.link_auth import Channel, LinkAuthError
+from truestep.supervisor.link_auth import Channel, LinkAuthError
 
 IO_TIMEOUT_S = 1.0
 """Socket operations never block a supervisor longer than this (a partitioned peer does not answer)."""
@@ -17,7 +17,7 @@ MAX_LINE = 65536
 
 
 class Conn:
-    """One authenticated peer connection: sealed lines (resilience/link_auth.py), the time of the last
+    """One authenticated peer connection: sealed lines (supervisor/link_auth.py), the time of the last
     message, thread-safe sends."""
 
     def __init__(self, sock: socket.socket, channel: Channel, buffer: bytes = b"") -> None:

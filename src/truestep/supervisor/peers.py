@@ -19,9 +19,9 @@ the ranks of a crashing node may die a moment before its supervisor does.
 
 Star topology (like the rendezvous): nodes other than 0 do not watch each other directly; the hub's
 verdict reaches them. Only the job's own supervisors can speak on the link: a hello proves this launch's
-secret by challenge-response and every later message is authenticated (resilience/link_auth.py); node
-0's front door bounds what strangers may cost (resilience/link_gate.py); every field of a message is
-checked before it is acted on (resilience/link_messages.py). Wire format: one line per message, a MAC
+secret by challenge-response and every later message is authenticated (supervisor/link_auth.py); node
+0's front door bounds what strangers may cost (supervisor/link_gate.py); every field of a message is
+checked before it is acted on (supervisor/link_messages.py). Wire format: one line per message, a MAC
 and a JSON object. Standard library only.
 """
 
@@ -35,10 +35,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from truestep.core.errors import ExitCode, NodeLostError, Outcome, TruestepError, UsageError
-from truestep.resilience.link_auth import Channel, LinkAuthError, hello_line, new_nonce, read_challenge
-from truestep.resilience.link_conn import IO_TIMEOUT_S, Conn, read_line
-from truestep.resilience.link_gate import HELLO_LIMIT, Gate
-from truestep.resilience.link_messages import (
+from truestep.supervisor.link_auth import Channel, LinkAuthError, hello_line, new_nonce, read_challenge
+from truestep.supervisor.link_conn import IO_TIMEOUT_S, Conn, read_line
+from truestep.supervisor.link_gate import HELLO_LIMIT, Gate
+from truestep.supervisor.link_messages import (
     HOST_LIMIT,
     TEXT_LIMIT,
     Bye,
@@ -47,14 +47,14 @@ from truestep.resilience.link_messages import (
     check_bye,
     hello_problem,
 )
-from truestep.resilience.node_loss import NodeLoss
+from truestep.supervisor.node_loss import NodeLoss
 
 KeySource = Callable[[], bytes | None]
 """Where a member gets this launch's key (None: node 0 has not published it yet)."""
 
 
 class GateFailedError(TruestepError):
-    """Node 0's front door on the link stopped (resilience/link_gate.py): its port is closed, so a node
+    """Node 0's front door on the link stopped (supervisor/link_gate.py): its port is closed, so a node
     that has not joined yet never can. A failure of this launch (exit 1, requeued), said in one line."""
 
     exit_code = ExitCode.FAILURE

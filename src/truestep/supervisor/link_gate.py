@@ -7,7 +7,7 @@ One thread and non-blocking sockets, so strangers cost neither threads nor unbou
   connections that just sit there;
 - each gets a fresh challenge and HELLO_DEADLINE_S for its whole hello, however it trickles in (a slow
   sender is dropped at the deadline), and at most HELLO_LIMIT bytes without a line end;
-- its hello's MAC is checked before a byte of it is parsed (resilience/link_auth.py); a hello that does
+- its hello's MAC is checked before a byte of it is parsed (supervisor/link_auth.py); a hello that does
   not prove the key is dropped without an answer. Only a proven hello reaches `admit`, which decides
   (and answers, sealed) whether this node may join.
 Nothing an unauthenticated connection sends can change the job: it is counted (`refused`) and dropped.
@@ -16,7 +16,7 @@ The loop survives anything one connection does: an event for a connection droppe
 `select()` batch (evicted by a newer one) is ignored, and any error while handling one connection drops
 that connection (counted as `error`), never the gate. Should the loop itself fail anyway, the gate
 records why (`failure`) before it closes the listener, and the hub's supervisor fails in one line
-saying so (resilience/peers.py): a closed port is never silent.
+saying so (supervisor/peers.py): a closed port is never silent.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from truestep.resilience.link_auth import Channel, LinkAuthError, challenge_line, new_nonce, open_hello
+from truestep.supervisor.link_auth import Channel, LinkAuthError, challenge_line, new_nonce, open_hello
 
 MAX_PENDING = 32
 MAX_PENDING_PER_SOURCE = 4

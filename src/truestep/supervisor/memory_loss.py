@@ -21,7 +21,7 @@ from pathlib import Path
 from truestep.config.schema import ResilienceConfig
 from truestep.core.names import SNAPSHOT_ROOT_DEFAULT, snapshot_holder_dir
 from truestep.resilience.lease import read_lease
-from truestep.resilience.watch import Failure
+from truestep.supervisor.watch import Failure
 
 
 def lost_ranks(failure: Failure) -> list[int]:

@@ -1,4 +1,4 @@
-"""Who may speak on the supervisors' link (resilience/peers.py): a secret per launch, proven by
+"""Who may speak on the supervisors' link (supervisor/peers.py): a secret per launch, proven by
 challenge-response, and every later message authenticated. Standard library only.
 
 Why: node 0's supervisor listens on every interface, and everything a hello used to carry is public (the

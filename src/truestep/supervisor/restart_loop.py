@@ -1,5 +1,5 @@
 """The local supervisor behind `truestep launch`: holds the run directory lease, runs the ranks of one
-node, watches them (resilience/watch.py), tears the job down promptly on a failure or hang, and restarts
+node, watches them (supervisor/watch.py), tears the job down promptly on a failure or hang, and restarts
 it like a SLURM requeue would.
 
 Why not torchrun's elastic agent: it never notices a hung rank, its file-timer watchdog takes itself down
@@ -9,16 +9,15 @@ rendezvous port (on one node), so nothing of the previous attempt's store surviv
 Attempts are numbered job-wide by the lease's incarnation: node 0 bumps it, the other nodes of a
 multi-node job wait for the bump, so every node and every rank logs the same number for one attempt.
 What a node cannot see in its own ranks -- another node gone, the job moved on -- is judged by
-resilience/nodes.py: after a local failure every node restarts in place, but when a whole node is gone
+supervisor/nodes.py: after a local failure every node restarts in place, but when a whole node is gone
 the survivors stop (exit 77) so that the scheduler requeues the job onto healthy nodes.
 Ranks run in their own session (a Ctrl-C reaches only the supervisor, which forwards it exactly once)
 and die with the supervisor (resilience/orphan.py). A restarted rank is a warm standby handed its rank
-when one is parked for its slot (resilience/standby.py), else a fresh process.
+when one is parked for its slot (supervisor/standby.py), else a fresh process.
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
 import signal
 import socket
@@ -27,25 +26,20 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from truestep.config.load import to_toml
 from truestep.config.schema import JobConfig
 from truestep.core.errors import ExitCode, FencedError, Outcome, TruestepError
-from truestep.core.fsio import atomic_write, make_dir
-from truestep.core.launch import Launch, without_launch
-from truestep.core.names import EVENTS_FILE, attempt_config_path, heartbeat_path
-from truestep.core.rundir import check_run_dir
+from truestep.core.fsio import make_dir
+from truestep.core.launch import Launch
+from truestep.core.names import EVENTS_FILE
 from truestep.faults.hooks import arm as arm_faults
-from truestep.faults.hooks import fault_point
-from truestep.faults.hooks import set_context as set_fault_context
 from truestep.faults.spec import parse_faults
 from truestep.resilience.lease import RunDirLease
-from truestep.resilience.memory_loss import forget_memory
-from truestep.resilience.nodes import JobNodes
-from truestep.resilience.standby import StandbyPool
-from truestep.resilience.watch import AttemptEnd, AttemptWatch, Failure, Rank, rank_exits
+from truestep.supervisor.driver import DriverFactory, ProcessDriver, RankDriver
+from truestep.supervisor.memory_loss import forget_memory
+from truestep.supervisor.nodes import JobNodes
+from truestep.supervisor.standby import StandbyPool
+from truestep.supervisor.watch import AttemptEnd, Failure, FailureKind
 from truestep.telemetry.narrate import NarratedWriter, Narrator
-
-POLL_S = 0.1
 
 
 @dataclass
@@ -79,28 +73,8 @@ def node_launch(spec: LaunchSpec, job_start: float, run_dir: Path) -> Launch:
     )
 
 
-def rank_launch(
-    node: Launch, local: int, attempt: int, port: int, config_file: Path, config_sha256: str = ""
-) -> Launch:
-    """The launch record of local rank slot `local` of this node in `attempt`."""
-    return node.for_rank(
-        rank=node.node * node.local_world_size + local,
-        local_rank=local,
-        master_port=port,
-        attempt=attempt,
-        config_file=str(config_file),
-        config_sha256=config_sha256,
-    )
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class Supervisor:
-    def __init__(self, spec: LaunchSpec, cfg: JobConfig) -> None:
+    def __init__(self, spec: LaunchSpec, cfg: JobConfig, driver: DriverFactory | None = None) -> None:
         self.spec = spec
         self.cfg = cfg
         self.run_dir = Path(cfg.run.dir)
@@ -141,6 +115,8 @@ class Supervisor:
         self.node_launch = node_launch(spec, self.job_start, self.run_dir)
         # The supervisor's own fault point (teardown) fires from the same specs its ranks get.
         arm_faults(parse_faults(self.node_launch.faults), self.node_launch)
+        self.driver: RankDriver = (driver or ProcessDriver)(self)
+        """Spawns and watches each attempt's ranks (supervisor/driver.py)."""
         preemption = cfg.resilience.preemption_signals()
         for signum in preemption:
             signal.signal(signum, self._on_signal)
@@ -167,106 +143,6 @@ class Supervisor:
             self.events.write({"event": "node_joined", "hub": joined})
         return attempt
 
-    def _spawn(self, attempt: int) -> list[Rank]:
-        # Every attempt, not only the first: a heartbeats/ or attempts/ swapped for a link or a file during
-        # the last one is refused (exit 3) as the same state is at start, not a crash to retry (exit 1).
-        check_run_dir(self.run_dir)
-        set_fault_context(run_dir=self.run_dir, attempt=attempt)
-        port = self.spec.master_port or free_port()
-        config_file = attempt_config_path(self.run_dir, attempt, self.spec.node_rank)
-        make_dir(config_file.parent)
-        config_blob = to_toml(self.cfg).encode()
-        atomic_write(config_file, config_blob)  # ranks load this, never the user's file
-        config_sha256 = hashlib.sha256(config_blob).hexdigest()  # ... and only as written here
-        first = self.spec.node_rank * self.spec.nproc
-        for rank in range(first, first + self.spec.nproc):
-            heartbeat_path(self.run_dir, rank).unlink(missing_ok=True)
-        # Nothing of this process's own launch record (or a stale one) reaches a rank but through its own.
-        base_env = {**without_launch(os.environ), "OMP_NUM_THREADS": str(self.cfg.parallel.num_threads)}
-        ranks = []
-        for local in range(self.spec.nproc):
-            launch = rank_launch(self.node_launch, local, attempt, port, config_file, config_sha256)
-            proc = self.standbys.launch(local, launch, base_env)  # a warm standby, else a fresh process
-            ranks.append(Rank(first + local, proc, time.time()))
-        self.events.write(
-            {
-                "event": "attempt_start",
-                "attempt": attempt,
-                "pids": [r.proc.pid for r in ranks],
-                "master_port": port,
-            }
-        )
-        return ranks
-
-    def _watch(self, ranks: list[Rank]) -> AttemptEnd:
-        forwarded = interrupts_forwarded = 0
-        watch = AttemptWatch(self.run_dir, ranks, self.cfg.resilience, self.longest_step_s)
-        # When a poll last found every rank running: a rank's exit came after it (failure.last_seen).
-        running_at = min((r.spawned_at for r in ranks), default=time.time())
-        while True:
-            try:
-                elsewhere = self.nodes.check(self.attempt)  # another node gone, or node 0 restarted
-            except FencedError as err:
-                self.lost_lease, elsewhere = err, None
-            if self.lost_lease is not None:
-                return AttemptEnd(Outcome.FENCED)
-            if self.signalled and not forwarded:
-                self._send(ranks, signal.Signals[self.signalled])
-                forwarded = 1
-                self.events.write({"event": "signal_forwarded", "signal": self.signalled})
-            if self.interrupts > interrupts_forwarded:
-                if self.interrupts >= 2:
-                    return AttemptEnd(Outcome.INTERRUPTED)  # "stop now": the teardown kills every rank
-                self._send(ranks, signal.SIGINT)
-                interrupts_forwarded = self.interrupts
-                self.events.write({"event": "signal_forwarded", "signal": "SIGINT"})
-            polled_at = time.time()
-            codes = {r.rank: r.proc.poll() for r in ranks}
-            end = rank_exits(codes, self.requeue_code)
-            if end is not None and end.failure is not None and end.failure.kind == "process_exit":
-                end.failure.last_seen = running_at
-            if all(code is None for code in codes.values()):
-                running_at = polled_at
-            if end is not None and end.code == ExitCode.FENCED:
-                follow = self.nodes.rank_fenced(self.attempt)  # it saw node 0's restart before we did
-                end = AttemptEnd(Outcome.FAILED, follow) if follow is not None else end
-            if elsewhere is not None and (end is None or end.outcome == Outcome.FAILED):
-                lost = elsewhere.kind == "node_lost"
-                end = AttemptEnd(Outcome.NODE_LOST if lost else Outcome.FAILED, elsewhere)
-            if end is not None:
-                if end.failure is not None:
-                    end.failure.exit_codes = codes
-                return end
-            if self.cfg.resilience.heartbeat:
-                failure = watch.check()
-                self.longest_step_s = watch.longest_step_s  # a restart's attempt keeps what was timed
-                if watch.paused_s is not None:  # left out of every deadline: say why detection was late
-                    self.events.write(
-                        {"event": "watch_paused", "attempt": self.attempt, "paused_s": watch.paused_s}
-                    )
-                if failure is not None:
-                    failure.exit_codes = codes
-                    return AttemptEnd(Outcome.FAILED, failure)
-            self.standbys.tick(ranks)
-            time.sleep(POLL_S)
-
-    @staticmethod
-    def _send(ranks: list[Rank], signum: signal.Signals) -> None:
-        for rank in ranks:
-            if rank.proc.poll() is None:
-                rank.proc.send_signal(signum)
-
-    @staticmethod
-    def _teardown(ranks: list[Rank]) -> None:
-        """Kill every survivor now: after a failure nothing they do is worth waiting for (the newest
-        committed checkpoint is the restart point), and SIGKILL also ends a SIGSTOPped process."""
-        fault_point("teardown")  # e.g. `term:at=teardown`: a preemption notice meets this recovery
-        for rank in ranks:
-            if rank.proc.poll() is None:
-                rank.proc.kill()
-        for rank in ranks:
-            rank.proc.wait()
-
     def _end(self, outcome: str, restarts: int, code: int, failure: Failure | None = None) -> int:
         """`failure`: one detected while the job stopped (a rank died in its emergency save): the end
         says so, since its checkpoint may then not have been saved."""
@@ -280,7 +156,7 @@ class Supervisor:
         return code
 
     def _memory_lost(self, failure: Failure) -> None:
-        """The failed ranks' snapshot memory goes with them (resilience/memory_loss.py)."""
+        """The failed ranks' snapshot memory goes with them (supervisor/memory_loss.py)."""
         try:
             forgotten = forget_memory(self.cfg.resilience, self.run_dir, failure)
         except (OSError, TruestepError) as err:  # the next attempt would restore them from their own: say so
@@ -330,13 +206,14 @@ class Supervisor:
                     {"event": "stopped_before_spawn", "attempt": self.attempt, "outcome": stop[0]}
                 )
                 return self._end(stop[0], restarts, stop[1])
-            ranks = self._spawn(self.attempt)
-            end = self._watch(ranks)
-            if end.failure is not None or end.word in ("fenced", "interrupted"):
+            ranks = self.driver.spawn(self.attempt)
+            end = self.driver.watch(ranks)
+            torn_down = end.code is None and end.outcome in (Outcome.FENCED, Outcome.INTERRUPTED)
+            if end.failure is not None or torn_down:
                 detected, since = time.time(), time.monotonic()
                 if end.failure is not None:
                     self._failure_detected(end.failure, detected)
-                self._teardown(ranks)
+                self.driver.teardown(ranks)
                 self.events.write(
                     {
                         "event": "teardown_complete",
@@ -346,38 +223,42 @@ class Supervisor:
                 )
                 if end.failure is not None:
                     self._memory_lost(end.failure)
-                if end.failure is not None and end.failure.kind != "node_lost":
+                if end.failure is not None and end.failure.kind != FailureKind.NODE_LOST:
                     end = self._before_restart(end, since)
             else:
-                for rank in ranks:
-                    rank.proc.wait()
-            if end.word == "completed":
-                return self._end(end.word, restarts, ExitCode.OK)
-            if end.word == "fenced":
-                print(f"truestep launch: {self.lost_lease}", file=sys.stderr, flush=True)
-                return self._end(end.word, restarts, ExitCode.FENCED)
-            loss = end.failure.loss if end.failure is not None else None
-            if end.word == "node_lost" and end.failure is not None and loss is not None:
-                print(
-                    f"truestep launch: {end.failure.detail}; stopping for a requeue",
-                    file=sys.stderr,
-                    flush=True,
-                )
-                return self._end(end.word, restarts, loss.exit_code(self.requeue_code))
-            if end.word == "interrupted" or self.interrupts:
-                return self._end("interrupted", restarts, ExitCode.INTERRUPTED)
-            if end.code is not None:
-                return self._end("refused", restarts, end.code)
-            if self.signalled:
-                # We are being preempted ourselves: the scheduler requeues the whole job.
-                return self._end("requeue", restarts, self.requeue_code, end.failure)
-            if restarts >= self.spec.max_restarts:
-                return self._end(
-                    "gave_up", restarts, self.requeue_code if end.word == "requeue" else ExitCode.FAILURE
-                )
+                self.driver.wait(ranks)
+            stop = self._decide(end, restarts)
+            if stop is not None:
+                return self._end(*stop)
             restarts += 1
             reason = restart_reason(end, self.requeue_code)
             self.events.write({"event": "restart", "restart": restarts, "after": end.word, "reason": reason})
+
+    def _decide(self, end: AttemptEnd, restarts: int) -> tuple[str, int, int, Failure | None] | None:
+        """The restart loop's one table: how the supervisor ends after an attempt, by the attempt's
+        Outcome -- (outcome word, restarts, exit code, a failure met on the way) -- or None: restart."""
+        failure = end.failure
+        match end.outcome:
+            case Outcome.CLEAN if end.code is None:
+                return "completed", restarts, ExitCode.OK, None
+            case Outcome.FENCED if end.code is None:
+                print(f"truestep launch: {self.lost_lease}", file=sys.stderr, flush=True)
+                return "fenced", restarts, ExitCode.FENCED, None
+            case Outcome.NODE_LOST if end.code is None and failure is not None and failure.loss is not None:
+                print(
+                    f"truestep launch: {failure.detail}; stopping for a requeue", file=sys.stderr, flush=True
+                )
+                return "node_lost", restarts, failure.loss.exit_code(self.requeue_code), None
+        if (end.outcome == Outcome.INTERRUPTED and end.code is None) or self.interrupts:
+            return "interrupted", restarts, ExitCode.INTERRUPTED, None
+        if end.code is not None:  # a refusal, a fence or a refusing filesystem: no attempt can change it
+            return "refused", restarts, end.code, None
+        if self.signalled:  # we are being preempted ourselves: the scheduler requeues the whole job
+            return "requeue", restarts, self.requeue_code, failure
+        if restarts >= self.spec.max_restarts:
+            code = self.requeue_code if end.outcome == Outcome.REQUEUE else ExitCode.FAILURE
+            return "gave_up", restarts, code, None
+        return None
 
     def _before_restart(self, end: AttemptEnd, since: float) -> AttemptEnd:
         """A local failure: restart in place only while the job is still ours and every node is there."""
@@ -386,7 +267,7 @@ class Supervisor:
         except FencedError as err:
             self.lost_lease = err
             return AttemptEnd(Outcome.FENCED)
-        if lost is None or lost.kind != "node_lost":
+        if lost is None or lost.kind != FailureKind.NODE_LOST:
             return end
         self._failure_detected(lost, lost.loss.at if lost.loss else time.time())
         return AttemptEnd(Outcome.NODE_LOST, lost)
@@ -407,8 +288,10 @@ def restart_reason(end: AttemptEnd, requeue_code: int) -> str:
     return str(end.word)
 
 
-def run_supervisor(spec: LaunchSpec, cfg: JobConfig) -> int:
-    supervisor = Supervisor(spec, cfg)
+def run_supervisor(spec: LaunchSpec, cfg: JobConfig, driver: DriverFactory | None = None) -> int:
+    """The supervisor's run and end, whatever happens: standbys closed, the other nodes told, the lease
+    released. `driver`: how ranks are spawned and watched (tests pass a script; default: processes)."""
+    supervisor = Supervisor(spec, cfg, driver)
     code = int(ExitCode.FAILURE)
     try:
         code = supervisor.run()

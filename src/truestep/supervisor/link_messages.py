@@ -1,6 +1,6 @@
 """What an authenticated message on the node link may say: every field checked before it is acted on.
 
-A message that proved the launch's key (resilience/link_auth.py) comes from one of the job's own
+A message that proved the launch's key (supervisor/link_auth.py) comes from one of the job's own
 supervisors -- but a field out of range is still a bug or a version skew, and is never acted on: the
 hello names a node of this job, a beat the node that sent it, a goodbye an exit code from the known set
 (core/errors.py: `ExitCode`, and the job's requeue code and the one above it), a loss record a node of

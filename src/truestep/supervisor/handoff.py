@@ -1,6 +1,6 @@
 """The warm standby's side of a restart: get ready, park, and become a rank exactly as a fresh process would.
 
-A standby is `python -m truestep standby FD CONFIG`, started by the supervisor (resilience/standby.py)
+A standby is `python -m truestep standby FD CONFIG`, started by the supervisor (supervisor/standby.py)
 with the environment its rank slot will have, minus the launch-record fields that change from one
 attempt to the next (`PER_ATTEMPT_ENV`: attempt, rendezvous port, attempt config file and its SHA-256).
 It dies with the supervisor like a rank does (cli/main.py calls `die_with_supervisor` first), runs the warm-up it is given (imports: torch, truestep, what the config's

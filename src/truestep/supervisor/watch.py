@@ -15,7 +15,7 @@ A rank is judged by its process and its heartbeat file:
   the longest time it saw that rank's step counter stand still before it moved, plus one beat's lag (a
   forged `longest_step_s` of 1e300 must not turn hang detection off);
 - it has been shutting down for longer than the collective timeout allows -> `stuck_in_shutdown`.
-And from outside its interpreter (resilience/outside.py: /proc/PID/stat, `resilience.process_watch`):
+And from outside its interpreter (supervisor/outside.py: /proc/PID/stat, `resilience.process_watch`):
 - its process has been stopped (state T) for `liveness_timeout_s`, in any phase -> `process_stopped`;
 - silent before its first beat or while loading, it sleeps with its CPU time standing still for
   `liveness_timeout_s` -> `no_cpu_progress`; and the start-up deadline and the loading allowance do
@@ -27,11 +27,12 @@ a watcher that is merely slow (every poll 1.2 s apart) still declares a silent r
 How the attempt ends when its ranks exit is `rank_exits` (with the one classification of exit codes,
 `core.errors.Outcome`). A heartbeat file written by another process (a stale attempt's rank that has not yet seen it is fenced,
 in the shared run directory) is not this rank's: its own last beat counts. A multi-node job is also
-judged by its other nodes (resilience/nodes.py): `node_lost`, `attempt_superseded`.
+judged by its other nodes (supervisor/nodes.py): `node_lost`, `attempt_superseded`.
 """
 
 from __future__ import annotations
 
+import enum
 import math
 import subprocess
 import time
@@ -44,8 +45,8 @@ from truestep.core.errors import Outcome
 from truestep.core.names import heartbeat_path
 from truestep.core.status import Phase
 from truestep.resilience.heartbeat import read_heartbeat
-from truestep.resilience.node_loss import NodeLoss
-from truestep.resilience.outside import OutsideView
+from truestep.supervisor.node_loss import NodeLoss
+from truestep.supervisor.outside import OutsideView
 
 OBSERVER_PAUSE_S = 1.0
 """A gap between two checks longer than this (ten polls) means the watcher was not running."""
@@ -53,11 +54,32 @@ MAX_PAUSES = 1000
 """Pauses remembered (the oldest are forgotten: a deadline that old has long been decided)."""
 
 
+class FailureKind(enum.StrEnum):
+    """What the supervisor detected (the `kind` of `failure_detected`)."""
+
+    PROCESS_EXIT = "process_exit"
+    """A rank exited out of order (crashed, killed)."""
+    STARTUP_TIMEOUT = "startup_timeout"
+    """No heartbeat within resilience.startup_timeout_s of the spawn (counted in CPU-available time)."""
+    STALE_HEARTBEAT = "stale_heartbeat"
+    """A rank's heartbeat stopped for longer than its phase allows."""
+    NO_PROGRESS = "no_progress"
+    """A training step took longer than the hang allowance while every rank trained."""
+    STUCK_IN_SHUTDOWN = "stuck_in_shutdown"
+    """A rank has been shutting down longer than the collective timeout allows."""
+    PROCESS_STOPPED = "process_stopped"
+    """The kernel shows the process stopped (state T) for liveness_timeout_s (supervisor/outside.py)."""
+    NO_CPU_PROGRESS = "no_cpu_progress"
+    """Silent while starting or loading, asleep, its CPU time standing still for liveness_timeout_s."""
+    NODE_LOST = "node_lost"
+    """Another node of the job is gone (supervisor/node_loss.py)."""
+    ATTEMPT_SUPERSEDED = "attempt_superseded"
+    """Node 0 started the next attempt: this node follows it."""
+
+
 @dataclass
 class Failure:
-    kind: str
-    """process_exit, startup_timeout, stale_heartbeat, process_stopped, no_cpu_progress, no_progress,
-    stuck_in_shutdown or node_lost."""
+    kind: FailureKind
     rank: int | None
     """The rank judged (None for a node loss)."""
     detail: str
@@ -108,7 +130,7 @@ class AttemptWatch:
         self.paused_s: float | None = None
         """The pause the latest `check` found (None: none), for the supervisor's event log."""
         self.outside = OutsideView()
-        """Each rank's process as the kernel sees it (resilience/outside.py)."""
+        """Each rank's process as the kernel sees it (supervisor/outside.py)."""
         self.step_seen: dict[int, tuple[int, float]] = {}
         """rank -> (the step its beats show, when this watcher first saw it)."""
         self.step_gap: dict[int, float] = {}
@@ -171,7 +193,7 @@ class AttemptWatch:
         return r.liveness_timeout_s, f"resilience.liveness_timeout_s={r.liveness_timeout_s:g}"
 
     def _outside(self, rank: Rank, now: float) -> Failure | None:
-        """The kernel's view of the rank (resilience/outside.py): stopped for the liveness timeout, in
+        """The kernel's view of the rank (supervisor/outside.py): stopped for the liveness timeout, in
         any phase. None where /proc is not there or process_watch is off (the heartbeat rules stand)."""
         if not self.cfg.process_watch:
             return None
@@ -185,7 +207,7 @@ class AttemptWatch:
             f"process {rank.proc.pid} stopped (state {track.last.state} in /proc/{rank.proc.pid}/stat) for "
             f"{now - track.stopped_since:.1f}s (resilience.liveness_timeout_s={r.liveness_timeout_s:g})"
         )
-        return Failure("process_stopped", rank.rank, detail, last_seen=track.stopped_since)
+        return Failure(FailureKind.PROCESS_STOPPED, rank.rank, detail, last_seen=track.stopped_since)
 
     def _asleep(self, rank: Rank, now: float, silent_since: float, where: str) -> Failure | None:
         """A silent rank that sleeps with its CPU time standing still for the liveness timeout is not
@@ -202,7 +224,7 @@ class AttemptWatch:
             f"no heartbeat and no CPU time used for {now - idle_from:.1f}s, asleep (state "
             f"{track.last.state}) {where} (resilience.liveness_timeout_s={r.liveness_timeout_s:g})"
         )
-        return Failure("no_cpu_progress", rank.rank, detail, last_seen=idle_from)
+        return Failure(FailureKind.NO_CPU_PROGRESS, rank.rank, detail, last_seen=idle_from)
 
     def _charged(self, rank: Rank, since: float, now: float) -> float:
         """Seconds of start-up or loading silence held against the rank: the watched time less the time
@@ -239,7 +261,7 @@ class AttemptWatch:
                     return stuck
                 if self._charged(rank, rank.spawned_at, now) > r.startup_timeout_s:
                     return Failure(
-                        "startup_timeout",
+                        FailureKind.STARTUP_TIMEOUT,
                         rank.rank,
                         f"no heartbeat {waited:.1f}s after launch (resilience.startup_timeout_s="
                         f"{r.startup_timeout_s:g}): stopped or stuck while starting",
@@ -259,7 +281,7 @@ class AttemptWatch:
                 detail = (
                     f"no heartbeat for {age:.1f}s in phase {beat['phase']} (allowed {allowed:g}s: {rule})"
                 )
-                return Failure("stale_heartbeat", rank.rank, detail, last_seen=beat_at)
+                return Failure(FailureKind.STALE_HEARTBEAT, rank.rank, detail, last_seen=beat_at)
             beats[rank.rank] = beat
             bound = self._step_time_bound(rank.rank, beat["step"], now)
             self._note_step_time(beat.get("longest_step_s"), bound)
@@ -279,10 +301,10 @@ class AttemptWatch:
                 detail = (
                     f"step {step} has not advanced for {now - since:.1f}s (allowed {allowance:.1f}s: {rule})"
                 )
-                return Failure("no_progress", rank, detail, last_seen=since)
+                return Failure(FailureKind.NO_PROGRESS, rank, detail, last_seen=since)
             if phase == Phase.SHUTDOWN and watched > r.collective_timeout_s + 30.0:
                 detail = f"still shutting down after {now - since:.1f}s"
-                return Failure("stuck_in_shutdown", rank, detail, last_seen=since)
+                return Failure(FailureKind.STUCK_IN_SHUTDOWN, rank, detail, last_seen=since)
         return None
 
 
@@ -319,7 +341,7 @@ def rank_exits(codes: dict[int, int | None], requeue_code: int) -> AttemptEnd | 
             return AttemptEnd(Outcome.of(stop[0], requeue_code), code=stop[0])
         killed = [r for r, c in bad.items() if c < 0]  # died of a signal: the likely origin
         rank = (killed or sorted(bad))[0]
-        return AttemptEnd(Outcome.FAILED, Failure("process_exit", rank, f"exit codes {bad}", codes))
+        return AttemptEnd(Outcome.FAILED, Failure(FailureKind.PROCESS_EXIT, rank, f"exit codes {bad}", codes))
     if len(ended) < len(codes):
         return None
     if all(o == Outcome.CLEAN for o in ended.values()):
