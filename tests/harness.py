@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import struct
@@ -132,3 +134,11 @@ def run_in_process(run_dir: Path, *overrides: str, config: str = "tiny") -> int:
 
     cfg = load_config(config, [f"--run.dir={run_dir}", *TINY, *overrides])
     return run_rank(cfg, Launch())
+
+
+def run_in_process_captured(run_dir: Path, *overrides: str, config: str = "tiny") -> tuple[int, str]:
+    """`run_in_process`, and what the rank said on stderr (its lines are printed to sys.stderr)."""
+    said = io.StringIO()
+    with contextlib.redirect_stderr(said):
+        code = run_in_process(run_dir, *overrides, config=config)
+    return code, said.getvalue()
