@@ -16,6 +16,7 @@ from truestep.core.errors import ExitCode
 JOB = [
     "--metrics.progress=true",
     "--metrics.step_lines=true",
+    "--metrics.banner=true",
     "--checkpoint.interval=0",
     "--schedule.warmup_steps=1",
 ]

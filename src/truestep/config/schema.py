@@ -398,6 +398,9 @@ class MetricsConfig:
     step_lines: bool = True
     """When no progress bar is drawn: one plain line on stderr every log_every steps (and at the last):
     step, loss, lr, grad norm, tokens/s, peak memory, and MFU where the device's peak is known."""
+    banner: bool = True
+    """Say what trains at the start, on stderr (model, layout, data, where the weights came from, the
+    memory estimate); the run_start event has it all anyway."""
     narrate: bool = True
     """Say each recovery event on stderr as one line (preempted, saved, resuming from, quarantined,
     failure detected, restarting, the exit code and what to run next); the event log has them anyway."""

@@ -54,6 +54,8 @@ class Narrator:
     """Of `handoffs`, standbys still importing when handed their rank (no faster than a cold start)."""
     committed: set[int] = field(default_factory=set)
     """Steps whose checkpoint this writer saw committed (checkpoint_commit)."""
+    banner: bool = True
+    """Say the start banner (metrics.banner)."""
     weights_from: dict[str, Any] | None = None
     memory: dict[str, Any] | None = None
 
@@ -196,8 +198,10 @@ def _count(value: Any) -> str:
     return str(value)
 
 
-def _run_start(n: Narrator, r: dict[str, Any]) -> str:
+def _run_start(n: Narrator, r: dict[str, Any]) -> str | None:
     """The start banner: what trains, where, on what, from where (three lines under one prefix)."""
+    if not n.banner:
+        return None
     keys, layout = r.get("trajectory_keys") or {}, r.get("layout") or {}
     start, total = r.get("start_step", 0), r.get("max_steps")
     where = "from step 0" if not start else f"resumed at step {start}"

@@ -252,6 +252,7 @@ def _train(
         says_exit=not launch.supervised,
         requeue_code=cfg.resilience.requeue_exit_code,
         enabled=cfg.metrics.narrate,
+        banner=cfg.metrics.banner,
     )
     logs = RunLogs(run_dir, attempt.number, enabled=ctx.is_main, narrator=narrator)
     logs.event("rendezvous", **rendezvous)  # process group and mesh up: a phase of MTTR
