@@ -30,7 +30,7 @@ lint: setup
 	$(BIN)/ruff format --check src tests benchmarks
 
 test: lint
-	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q --durations=15
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -m "" --durations=15
 
 # The test tiers (pyproject.toml markers; README "Tests"): `make test` runs all of them.
 FAST := not multiprocess and not slurm and not slow

@@ -47,9 +47,10 @@ from torch.distributed.checkpoint import FileSystemReader
 
 from truestep.checkpoint.catalog import step_dir_name
 from truestep.checkpoint.integrity import verify
+from truestep.checkpoint.mechanisms import choose
+from truestep.checkpoint.restore import restore_from_disk
 from truestep.checkpoint.safe_dcp import single_process
 from truestep.checkpoint.saver import Checkpointer
-from truestep.checkpoint.state import restore
 from truestep.config.load import load_config
 from truestep.core.status import RankStatus
 from truestep.parallel.dist import init_distributed
@@ -147,6 +148,7 @@ class Bench:
         shutil.rmtree(target, ignore_errors=True)
         self.ckpt.last_saved_step = None  # so the same step can be saved again
         self.cfg.checkpoint.async_save = async_save
+        self.ckpt.mechanisms = choose(self.cfg.checkpoint)  # the writer follows the switch just set
         digest = lambda: local_digest(self.trainer.model)  # noqa: E731 - inside save()'s timing
         started = time.perf_counter()
         self.ckpt.save(self.trainer.state.step, self.trainer, "bench", digest)
@@ -172,7 +174,10 @@ class Bench:
         verify(target, checksums=True, items_on_read=True)
         self.res["verify"].append(time.perf_counter() - started)
         started = time.perf_counter()
-        restore(self.trainer, target, self.cfg.checkpoint, self.ctx, self.trainer.trajectory_keys, self.logs)
+        restore_from_disk(
+            self.trainer, target, self.cfg.checkpoint, self.ctx, self.trainer.trajectory_keys, self.logs,
+            choose(self.cfg.checkpoint),
+        )  # fmt: skip
         self.res["restore"].append(time.perf_counter() - started)
 
     def plain_load_side(self, target: Path) -> None:

@@ -36,17 +36,21 @@ import torch.nn.functional as F
 from bench_common import abba, load, median, spread
 from torch.distributed.fsdp import fully_shard
 
+from truestep.checkpoint.mechanisms import choose
+from truestep.checkpoint.saver import Checkpointer
 from truestep.config.load import load_config
 from truestep.config.schema import JobConfig
 from truestep.core.status import RankStatus
 from truestep.model.llama import Transformer
 from truestep.parallel.dist import DistContext, init_distributed, shutdown
-from truestep.resilience.attempt import Attempt
 from truestep.telemetry.run_logs import RunLogs
-from truestep.train.hooks import CheckpointHook
+from truestep.telemetry.tensorboard import ScalarSinks
+from truestep.train.loop import in_order
+from truestep.train.restorer import Restorer
 from truestep.train.run import build_hooks
 from truestep.train.schedule import lr_at
 from truestep.train.trainer import Trainer
+from truestep.train.view import StepView
 
 SIDES = ("truestep", "bare", "bare-nondet")
 
@@ -84,10 +88,23 @@ def make_sides(cfg: JobConfig, ctx: DistContext, run_dir: Path, steps: int) -> d
     """side -> a function that runs one block and returns its tokens/s."""
     logs = RunLogs(run_dir, 0, enabled=ctx.is_main)
     trainer = Trainer(cfg, ctx, logs, RankStatus())  # sets deterministic algorithms as configured
-    hooks = build_hooks(Attempt(0, "bench", lambda: None))
+    mechanisms = choose(cfg.checkpoint)
+    checkpointer = Checkpointer(
+        run_dir / "checkpoints",
+        cfg.checkpoint,
+        ctx,
+        logs,
+        trainer.trajectory_keys,
+        lambda: None,
+        0,
+        "",
+        mechanisms,
+    )
+    hooks = in_order(build_hooks(checkpointer, ScalarSinks(None)))
+    start = Restorer(trainer, checkpointer, mechanisms).start()
+    view = StepView(trainer)
     for hook in hooks:
-        hook.on_start(trainer)
-    checkpoints = next(h for h in hooks if isinstance(h, CheckpointHook))
+        hook.on_start(view, start)
     model, opt = bare_setup(cfg, ctx)
     tokens = cfg.train.global_batch_size * cfg.data.seq_len
     bare_batch = 0
@@ -98,9 +115,8 @@ def make_sides(cfg: JobConfig, ctx: DistContext, run_dir: Path, steps: int) -> d
         for _ in range(steps):
             result = trainer.train_step(trainer.loader.next())
             for hook in hooks:
-                hook.after_step(trainer, result)
-        assert checkpoints.checkpointer is not None
-        checkpoints.checkpointer.wait()  # a save made here is charged here (no-op without saves)
+                hook.after_step(view, result)
+        checkpointer.wait()  # a save made here is charged here (no-op without saves)
         return steps * tokens / (time.perf_counter() - start)
 
     def bare_block(deterministic: bool) -> float:

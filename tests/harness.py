@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import struct
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 # A tiny model: steps take milliseconds, so multi-process tests on 2 cores stay quick.
@@ -21,6 +24,8 @@ TINY = [
     "--data.seq_len=32",
     "--train.global_batch_size=8",
     "--metrics.progress=false",
+    "--metrics.step_lines=false",  # a quiet console: tests of a refusal expect its one line alone
+    "--metrics.banner=false",
 ]
 
 # The layouts the suite covers: name -> (processes, overrides).
@@ -58,7 +63,21 @@ def launch(
     timeout: float = 240,
     check: bool = True,
 ) -> subprocess.CompletedProcess:
-    """Run `truestep train` on the tiny test model; nproc > 1 goes through torchrun --standalone."""
+    """Run `truestep train` on the tiny test model; nproc > 1 goes through torchrun --standalone.
+
+    One process with nothing a process is needed for (no fault, no environment of its own) runs in this
+    test process (`run_in_process`: the same rank through its front door, without the seconds of a fresh
+    interpreter importing torch); a config that does not load goes through the real CLI, whose one-line
+    refusal is what a test of it expects."""
+    in_main_thread = threading.current_thread() is threading.main_thread()  # a rank installs signal handlers
+    if nproc == 1 and not env and in_main_thread and not any(o.startswith("--fault") for o in overrides):
+        done = _in_process(run_dir, config, list(overrides))
+        if done is not None:
+            if check and done.returncode != 0:
+                raise AssertionError(
+                    f"in-process {done.args} exited {done.returncode}\n{done.stderr[-6000:]}"
+                )
+            return done
     args = ["train", config, f"--run.dir={run_dir}", *TINY, *overrides]
     if (env or {}).get("TRUESTEP_FAULTS"):
         args.append("--allow-env-faults")  # this test arms faults through the environment on purpose
@@ -81,6 +100,21 @@ def launch(
             f"{' '.join(cmd)} exited {proc.returncode}\n--- stderr ---\n{proc.stderr[-6000:]}"
         )
     return proc
+
+
+def _in_process(run_dir: Path, config: str, overrides: list[str]) -> subprocess.CompletedProcess | None:
+    """The run as a completed process (its code, what it said); None when its config does not load."""
+    from truestep.config.load import load_config
+    from truestep.core.errors import TruestepError
+
+    try:
+        load_config(config, [f"--run.dir={run_dir}", *TINY, *overrides])
+    except TruestepError:
+        return None
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = run_in_process(run_dir, *overrides, config=config)
+    return subprocess.CompletedProcess(["train", config, *overrides], code, out.getvalue(), err.getvalue())
 
 
 def read_jsonl(path: Path) -> list[dict]:
@@ -131,3 +165,11 @@ def run_in_process(run_dir: Path, *overrides: str, config: str = "tiny") -> int:
 
     cfg = load_config(config, [f"--run.dir={run_dir}", *TINY, *overrides])
     return run_rank(cfg, Launch())
+
+
+def run_in_process_captured(run_dir: Path, *overrides: str, config: str = "tiny") -> tuple[int, str]:
+    """`run_in_process`, and what the rank said on stderr (its lines are printed to sys.stderr)."""
+    said = io.StringIO()
+    with contextlib.redirect_stderr(said):
+        code = run_in_process(run_dir, *overrides, config=config)
+    return code, said.getvalue()

@@ -17,10 +17,10 @@ TIERS = [
     {"parallel"},
     {"telemetry"},
     {"resilience"},
-    {"checkpoint"},
+    {"checkpoint", "supervisor"},
     {"train", "interop"},
     {"analysis"},
-    {"experiment"},
+    {"experiment", "audit"},
     {"plan"},
     {"cli"},
 ]
@@ -37,6 +37,7 @@ OWNED = {
         ["COMMITTED", "manifest.json", "latest", "quarantine", "superseded"], {"checkpoint/catalog.py"}
     ),
     "interop.json": {"checkpoint/weights.py"},
+    "save.json": {"checkpoint/catalog.py"},
     **dict.fromkeys(["train_state", "loader", "rng"], {"checkpoint/state.py"}),
     **dict.fromkeys(["config_keys", "config_fingerprint"], {"checkpoint/state.py", "checkpoint/weights.py"}),
 }
@@ -125,3 +126,69 @@ def test_names_are_spelled_only_by_their_owner() -> None:
             if value.startswith("TRUESTEP_") and module != "core/names.py":
                 strays.append(f"{module}:{node.lineno}: {value!r} (owner: core/names.py)")
     assert strays == [], "spell these through their owner's constant:\n" + "\n".join(strays)
+
+
+# The ablation switches: "be wrong this way" variants (docs/checkpointing.md). Read as config attributes
+# only where the variant is chosen; plan/ has a model of its own with fields of the same names.
+ABLATION_SWITCHES = {
+    "atomic_commit",
+    "restore_optimizer_state",
+    "restore_rng_state",
+    "restore_data_position",
+    "emulate_unstaged_async_save",
+    "verify_restored_digest",
+}
+CHOOSES_THE_VARIANT = {"checkpoint/mechanisms.py"}
+OWN_MODEL_OF_THE_MECHANISMS = "plan/"
+
+
+def test_ablation_switches_are_read_only_where_the_variant_is_chosen() -> None:
+    """No correct code path asks which variant it runs: `checkpoint/mechanisms.py` reads the switches and
+    hands out classes (an `if atomic_commit` inside the correct code is how an ablation leaks into it)."""
+    readers = []
+    for module, tree in modules():
+        if module in CHOOSES_THE_VARIANT or module.startswith(OWN_MODEL_OF_THE_MECHANISMS):
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and node.attr in ABLATION_SWITCHES:
+                readers.append(f"{module}:{node.lineno}: .{node.attr}")
+            if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "getattr":
+                args = node.args
+                if len(args) > 1 and isinstance(args[1], ast.Constant) and args[1].value in ABLATION_SWITCHES:
+                    readers.append(f"{module}:{node.lineno}: getattr(..., {args[1].value!r})")
+    assert readers == [], "read the ablation switches only in checkpoint/mechanisms.py:\n" + "\n".join(
+        readers
+    )
+
+
+def _hook_classes() -> list[tuple[str, ast.ClassDef]]:
+    found = []
+    for module, tree in modules():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef) and any(getattr(b, "id", "") == "Hook" for b in node.bases):
+                found.append((module, node))
+    return found
+
+
+def test_no_hook_holds_another_hook() -> None:
+    """A hook receives what it needs from the loop (the Start / Restored value, a StepView) or shares an
+    output object; it never takes another hook, so the order of hooks is only `Slot`'s to say."""
+    hooks = _hook_classes()
+    assert len(hooks) >= 7, f"found only {len(hooks)} hooks: the check below would be vacuous"
+    names = {node.name for _, node in hooks} | {"Hook"}
+    holding = []
+    for module, node in hooks:
+        for inner in ast.walk(node):
+            if isinstance(inner, ast.arg) and inner.annotation is not None:
+                mentioned = {n.id for n in ast.walk(inner.annotation) if isinstance(n, ast.Name)}
+                text = ast.unparse(inner.annotation)
+                if mentioned & names or any(name in text for name in names - {"Hook"}):
+                    holding.append(f"{module}: {node.name} takes {inner.arg}: {text}")
+        slots = [
+            stmt
+            for stmt in node.body
+            if isinstance(stmt, ast.Assign) and getattr(stmt.targets[0], "id", "") == "slot"
+        ]
+        if not slots:
+            holding.append(f"{module}: {node.name} declares no slot (train/hooks/base.py Slot)")
+    assert holding == [], "\n".join(holding)

@@ -243,10 +243,13 @@ def test_cli_config_without_spec_uses_defaults(capsys):
 
 
 def test_cli_presets(capsys):
+    """Each preset once, with its size (issue 41: names alone said nothing about what they cost)."""
     assert cli_main(["presets"]) == 0
-    lines = capsys.readouterr().out.split()
-    assert lines == preset_names()
+    lines = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()}
+    assert list(lines) == preset_names()
     assert set(PRESETS) <= set(lines)
+    assert "   1.24B parameters  (dim 2048, 16 layers, 32 heads (8 kv), vocab 128256)" in lines["llama3.2-1b"]
+    assert " 8.03B parameters" in lines["llama3-8b"] and " 70.55B parameters" in lines["70b"]
 
 
 @pytest.mark.parametrize(

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import numpy as np
@@ -292,7 +293,7 @@ def test_bos_follows_the_tokenizer_config_or_the_flag(tmp_path: Path) -> None:
 
 KILLER = textwrap.dedent(
     """
-    import os, signal, sys
+    import multiprocessing, os, signal, sys
     from truestep.data import prepare_data
     from truestep.data import readers
     readers.CHUNK_BYTES = 400
@@ -300,10 +301,36 @@ KILLER = textwrap.dedent(
     def progress(p):
         calls.append(p)
         if len(calls) == int(sys.argv[3]):
+            with open(sys.argv[5], "w") as f:  # the workers, for the test to see them die with us
+                f.write(" ".join(str(c.pid) for c in multiprocessing.active_children()))
             os.kill(os.getpid(), signal.SIGKILL)  # a real kill, between two chunks
     prepare_data([sys.argv[1]], sys.argv[2], shard_tokens=500, workers=int(sys.argv[4]), progress=progress)
     """
 )
+
+
+def assert_gone(pids: list[int], within_s: float = 30.0) -> None:
+    """Every pid is gone (a zombie nobody reaps counts as gone: it runs nothing and holds no memory)."""
+    deadline = time.monotonic() + within_s
+    alive = pids
+    while alive and time.monotonic() < deadline:
+        alive = [p for p in alive if _running(p)]
+        time.sleep(0.1)
+    assert not alive, f"processes {alive} outlived the prepare-data that started them"
+
+
+def _running(pid: int) -> bool:
+    if not Path("/proc/self/stat").exists():  # no /proc here: ask the kernel whether the pid exists
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        return True
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 @pytest.mark.parametrize("workers", [1, 2])
@@ -312,10 +339,16 @@ def test_killed_prepare_data_resumes_to_the_same_shards(tmp_path: Path, workers:
     reference = prepare_data([source], tmp_path / "ref", shard_tokens=500)
     out = tmp_path / "out"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    pids = tmp_path / "workers"
     killed = subprocess.run(
-        [sys.executable, "-c", KILLER, str(source), str(out), "12", str(workers)], env=env, timeout=120
+        [sys.executable, "-c", KILLER, str(source), str(out), "12", str(workers), str(pids)],
+        env=env,
+        timeout=120,
     )
     assert killed.returncode == -signal.SIGKILL
+    workers_left = [int(p) for p in pids.read_text().split()]
+    assert len(workers_left) == (workers if workers > 1 else 0)
+    assert_gone(workers_left)  # they died with prepare-data, not blocked on its queue forever
     assert not (out / "meta.json").exists()  # never looks complete
     journal = json.loads((out / JOURNAL_NAME).read_text())
     assert len(journal["shards"]) >= 3

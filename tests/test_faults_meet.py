@@ -26,7 +26,7 @@ from supervised import (
 )
 from truestep.config.load import load_config, to_toml
 from truestep.core.launch import Launch
-from truestep.resilience.standby import StandbyPool
+from truestep.supervisor.standby import StandbyPool
 from truestep.telemetry.jsonl import JsonlWriter
 
 pytestmark = pytest.mark.multiprocess
@@ -105,8 +105,10 @@ def test_a_preemption_notice_during_a_teardown_requeues_without_a_new_attempt(
 @pytest.mark.slow
 def test_a_preemption_notice_during_a_restore_is_honoured(reference: Path, tmp_path: Path) -> None:
     """Rank 1 killed at step 12; as attempt 1's rank 0 restores, the notice reaches the supervisor, which
-    forwards it to ranks still restoring or starting: they finish the restore, agree at their first step
-    boundary, commit the emergency checkpoint and exit 75; the requeue resumes from it, bitwise."""
+    forwards it to ranks still restoring or starting: they finish the restore and stop before their first
+    step (the restored checkpoint is the newest commit: nothing to save) with exit 75, or, if the notice
+    reached them after that, agree at their first step boundary and commit an emergency checkpoint; the
+    requeue resumes from the stop step, bitwise."""
     proc = supervise(tmp_path, faults=f"kill:rank=1:step={FAULT_STEP};term:at=restore:rank=0:restart=1")
     assert finish(proc) == 75, finish.last_output  # type: ignore[attr-defined]
     assert fired(tmp_path) == [("train:step", 0), ("restore", 1)]
@@ -162,14 +164,18 @@ def _rank_config(tmp_path: Path) -> Path:
 
 
 def _preempted_at_its_first_step(run: Path) -> None:
+    """Stopped before its first step (issue 41: promptly, nothing trained so nothing to save), not killed."""
     [received] = events(run, "signal_received")
     assert (received["signal"], received["stop_reason"]) == ("SIGTERM", "preempted"), received
-    assert received["stop_step"] in {e["step"] for e in events(run, "checkpoint_commit")}
+    assert received["during_startup"] and received["stop_step"] == 0, received
+    assert not events(run, "checkpoint_commit")
+    assert not (run / "metrics.jsonl").exists() or not (run / "metrics.jsonl").read_text()
 
 
 def test_a_notice_sent_as_a_rank_starts_is_honoured(tmp_path: Path) -> None:
     """SIGTERM to a rank the supervisor's pool has just started, before its interpreter even runs: it
-    must be handled (emergency save, exit 75), not kill the rank with the default action (-15)."""
+    must be handled (a stop before the first step, exit 75), not kill the rank with the default action
+    (-15)."""
     pool = StandbyPool(tmp_path, JsonlWriter(tmp_path / "events.jsonl"), enabled=False, heartbeats=False)
     rank = pool.launch(0, Launch(config_file=str(_rank_config(tmp_path))), truestep_env())
     os.kill(rank.pid, signal.SIGTERM)

@@ -1,5 +1,5 @@
 """The hang rule grows with the job's own steps (resilience.hang_step_multiple): the supervisor's watch
-(resilience/watch.py) on real heartbeat files and a real live process, in-process. The allowance is the
+(supervisor/watch.py) on real heartbeat files and a real live process, in-process. The allowance is the
 floor (hang_timeout_s) until a rank has reported a completed step's duration (`longest_step_s` in
 its heartbeat), then max(floor, multiple x the longest reported); a step still running never lengthens it.
 Only lower bounds on time are asserted (a loaded machine only makes a stall look longer). The same rule
@@ -22,7 +22,7 @@ from truestep.config.schema import ResilienceConfig
 from truestep.core.names import heartbeat_path
 from truestep.core.status import Phase, RankStatus
 from truestep.resilience.heartbeat import Heartbeat, read_heartbeat
-from truestep.resilience.watch import OBSERVER_PAUSE_S, AttemptWatch, Failure, Rank
+from truestep.supervisor.watch import OBSERVER_PAUSE_S, AttemptWatch, Failure, Rank
 
 FLOOR_S = 0.3
 STEP_S = 0.2
@@ -112,6 +112,29 @@ def test_a_malformed_step_duration_is_ignored(tmp_path: Path, rank: Rank, step_s
     )  # NaN and Infinity as Python's json writes them
     assert watch.check() is None
     assert watch.longest_step_s == 0.0 and watch.hang_allowance() == FLOOR_S
+
+
+def test_a_forged_step_time_is_bounded_by_what_the_watcher_saw(tmp_path: Path, rank: Rank) -> None:
+    """A heartbeat is a hint: a rank (or whoever writes its file) reporting steps of 1e300 s cannot turn
+    hang detection off. The watcher takes at most the longest it saw the step stand still before it moved,
+    plus one beat's lag; a stalled step is then declared as usual."""
+    cfg = ResilienceConfig(
+        hang_timeout_s=FLOOR_S, hang_step_multiple=1.0, liveness_timeout_s=30.0, heartbeat_interval_s=0.05
+    )
+    watch = AttemptWatch(tmp_path, [rank], cfg)
+    beat(tmp_path, rank, 1, step_s=0.0)
+    assert watch.check() is None
+    beat(tmp_path, rank, 2, step_s=1e300)
+    assert watch.check() is None
+    lag = cfg.heartbeat_interval_s + OBSERVER_PAUSE_S
+    assert lag <= watch.longest_step_s < lag + 0.5, watch.longest_step_s
+    failure, stalled = stall_until_declared(watch, tmp_path, rank, 3)
+    assert failure.kind == "no_progress" and stalled < 10.0, (failure, stalled)
+    # A step the watcher did see take long is believed: step 3 stood still for 3 s (as if first seen then).
+    watch.step_seen[0] = (3, time.time() - 3.0)
+    beat(tmp_path, rank, 4, step_s=2.5)
+    watch.check()
+    assert watch.longest_step_s == 2.5
 
 
 def test_a_restart_keeps_what_was_reported(tmp_path: Path, rank: Rank) -> None:

@@ -311,3 +311,49 @@ def test_export_of_a_rank_file_declaring_100000_layers(reference, tmp_path):
     assert "model expects 100000 layers, the checkpoint holds 2" in one_line(err)
     assert time.perf_counter() - started < 20
     assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - usage < 500_000  # KiB of new peak
+
+
+def test_a_cache_snapshot_that_links_out_of_the_cache_is_refused(hf_dir, tmp_path):
+    """A snapshot is the cache's own directory: one that is a symlink to elsewhere (a planted
+    `snapshots/<commit> -> /home/user/...`) is not followed, whatever it holds."""
+    repo = tmp_path / "models--org--tiny"
+    (repo / "snapshots").mkdir(parents=True)
+    (repo / "snapshots" / ("b" * 40)).symlink_to(hf_dir)  # hf_dir is outside repo/
+    rc, _, err = run_cli(interop_main, "import-hf", repo, "--out", tmp_path / "ckpt")
+    assert rc == 3 and "outside the cache folder" in one_line(err), err
+    assert not (tmp_path / "ckpt").exists()
+
+
+def _with_tokenizer(hf_dir: Path) -> Path:
+    from tokenizer_cases import write_tiny_tokenizer
+
+    write_tiny_tokenizer(hf_dir)
+    config = json.loads((hf_dir / "tokenizer_config.json").read_text())
+    (hf_dir / "tokenizer_config.json").write_text(json.dumps(config))
+    return hf_dir
+
+
+@pytest.mark.parametrize(
+    "name,content,why",
+    [
+        ("generation_config.json", '{"temperature": NaN, "eos_token_id": 2}', "NaN is not a JSON number"),
+        ("generation_config.json", '{"top_p": Infinity}', "Infinity is not a JSON number"),
+        ("tokenizer_config.json", "[" * 100_000, "not valid JSON: RecursionError"),
+        ("tokenizer_config.json", '{"bos_token": ' * 5000 + "1" + "}" * 5000, "not valid JSON: RecursionError"),
+        ("chat_template.jinja", None, "is 17179869184 bytes, more than the 67108864"),
+        (
+            "tokenizer.json",
+            json.dumps({"normalizer": {"type": "Sequence", "normalizers": [
+                {"type": "Replace", "pattern": {"String": "a"}, "content": "aa"}] * 40}}),
+            "refusing its normalizer",
+        ),
+    ],
+)  # fmt: skip
+def test_hostile_tokenizer_and_generation_files_are_one_line(hf_dir, tmp_path, name, content, why):
+    _with_tokenizer(hf_dir)
+    if content is None:
+        with open(hf_dir / name, "wb") as f:
+            f.truncate(16 << 30)
+    else:
+        (hf_dir / name).write_text(content)
+    refused(hf_dir, tmp_path / "ckpt", why)

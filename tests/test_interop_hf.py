@@ -118,7 +118,8 @@ def test_round_trip_is_bitwise(layout: str, runs, tmp_path: Path) -> None:
     assert interop_main(["export", str(ckpt_dir), "--to", "hf", str(tmp_path / "hf")]) == 0
     rc, out, err = cli("import-hf", tmp_path / "hf", "--out", tmp_path / "imported")
     assert rc == 0, err
-    assert "--checkpoint.init_from=" in out and "--model.dim=64" in out
+    config = (tmp_path / "imported" / "train.toml").read_text()  # import-hf writes the config to train with
+    assert f"truestep train {tmp_path / 'imported' / 'train.toml'}" in out and "dim = 64\n" in config
     step_dir = tmp_path / "imported" / step_dir_name(0)
     verify(step_dir, checksums=True)  # a committed checkpoint: manifest + COMMITTED
     info = json.loads((step_dir / "interop.json").read_text())

@@ -327,3 +327,35 @@ def test_import_of_a_transformers_written_model(tied: bool, tmp_path: Path) -> N
     out = tmp_path / "again"
     assert interop_main(["export", str(step_dir), "--to", "hf", str(out)]) == 0
     torch.testing.assert_close(hf_logits(out, toks), theirs, atol=1e-5, rtol=0)
+
+
+@needs_safetensors
+def test_import_writes_a_ready_train_config(ckpt, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`import-hf` writes <out>/train.toml (the model section and init_from) instead of printing flags
+    to paste; training from it loads the imported weights with no config difference."""
+    from harness import events
+    from truestep.config.load import load_config
+    from truestep.core.launch import Launch
+    from truestep.train.rank import run_rank
+
+    out = tmp_path / "imported"
+    assert interop_main(["import-hf", str(_hf_dir(ckpt, tmp_path)), "--out", str(out)]) == 0
+    said = capsys.readouterr().out
+    toml = out / "train.toml"
+    assert f"truestep train {toml} --data.path=DIR" in said and "--model." not in said, said
+    run = tmp_path / "run"
+    cfg = load_config(
+        str(toml),
+        [f"--run.dir={run}", "--train.max_steps=1", "--schedule.warmup_steps=0", "--data.seq_len=32"],
+    )
+    assert cfg.checkpoint.init_from == str(out.resolve())
+    assert asdict(cfg.model) == {**asdict(read_model_config(Path(events_free_step(out)))), "dropout": 0.0}
+    assert run_rank(cfg, Launch()) == 0
+    (loaded,) = events(run, "init_from")
+    assert loaded["tensors"] > 0 and loaded["config_differences"] == []
+
+
+def events_free_step(root: Path) -> Path:
+    """The one step directory `import-hf` wrote under `root`."""
+    (step,) = [p for p in root.iterdir() if p.name.startswith("step_")]
+    return step

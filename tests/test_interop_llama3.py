@@ -81,7 +81,7 @@ def imported(request, tmp_path_factory) -> tuple[str, Path, Path, transformers.L
     model.save_pretrained(str(base / "hf"))
     rc, out, err = cli("import-hf", base / "hf", "--out", base / "ckpts")
     assert rc == 0, err
-    assert "--model.rope_scaling=llama3" in out
+    assert 'rope_scaling = "llama3"' in (base / "ckpts" / "train.toml").read_text(), out  # import-hf's config
     return style, base / "hf", base / "ckpts" / step_dir_name(0), model
 
 

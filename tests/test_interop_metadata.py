@@ -138,3 +138,77 @@ def test_a_fine_tune_exports_them_and_generate_knows_the_eos_list(source, tmp_pa
     assert checkpoint_tokenizer(tuned).eos_ids() == [2, eot]  # what generate stops at
     ok(interop_main, "export", tuned, "--to", "hf", tmp_path / "out")
     check_export(tmp_path / "out", eot)
+
+
+# ----------------------------------------------------------------------------------------------
+# every tokenizer convention export accepts comes back as it was read (issue 40)
+
+CONVENTIONS = ("transformers-5", "transformers-4", "bare")
+"""transformers 5 writes tokenizer_config.json (its eos_token the turn end) and chat_template.jinja, no
+special_tokens_map.json; transformers 4 also writes the map; a bare tokenizer.json has neither config."""
+
+
+def convention_dir(directory: Path, convention: str) -> None:
+    """An Instruct-style source whose tokenizer names `<|eot_id|>` as eos_token while config.json's first
+    eos id is `</s>` (Llama 3 Instruct: eos_token `<|eot_id|>`, first eos id `<|end_of_text|>`)."""
+    instruct_dir(directory)
+    named = {"bos_token": "<s>", "eos_token": EOT, "pad_token": "<pad>", "unk_token": "<unk>"}
+    if convention == "bare":
+        (directory / "tokenizer_config.json").unlink()
+        return
+    config = {"backend": "tokenizers", "tokenizer_class": "TokenizersBackend", **named}
+    if convention == "transformers-4":
+        config["tokenizer_class"] = "PreTrainedTokenizerFast"
+        del config["backend"]
+        (directory / "special_tokens_map.json").write_text(json.dumps(named))
+    (directory / "tokenizer_config.json").write_text(json.dumps(config))
+
+
+@pytest.mark.parametrize("convention", CONVENTIONS)
+def test_export_keeps_the_special_tokens_it_read(convention: str, tmp_path: Path) -> None:
+    transformers = transformers_or_skip()
+    convention_dir(tmp_path / "hf", convention)
+    ok(interop_main, "import-hf", tmp_path / "hf", "--out", tmp_path / "ckpt")
+    ok(interop_main, "export", tmp_path / "ckpt" / "step_00000000", "--to", "hf", tmp_path / "out")
+    out = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "out"))
+    written = json.loads((tmp_path / "out" / "special_tokens_map.json").read_text())
+    if convention == "bare":  # nothing named them: the ids say (bos, the first eos, no pad id known)
+        assert (out.bos_token, out.eos_token) == ("<s>", "</s>") and written["eos_token"] == "</s>"
+        return
+    source = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "hf"))
+    assert source.eos_token == EOT
+    assert (out.bos_token, out.eos_token, out.pad_token) == (source.bos_token, EOT, source.pad_token)
+    assert written["eos_token"] == EOT  # the map written beside the config says what the config says
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        assert (tmp_path / "out" / name).read_bytes() == (tmp_path / "hf" / name).read_bytes(), name
+
+
+def test_the_data_directory_keeps_the_special_tokens_too(tmp_path: Path) -> None:
+    """A fine-tune's export (tokenizer from prepare-data's copy) of a transformers-5 tokenizer."""
+    transformers = transformers_or_skip()
+    convention_dir(tmp_path / "hf", "transformers-5")
+    ok(interop_main, "import-hf", tmp_path / "hf", "--out", tmp_path / "ckpt")
+    texts = write_corpus(tmp_path / "text", documents=2, words=50)
+    ok(
+        prepare_data_main,
+        *texts,
+        "--out",
+        tmp_path / "data",
+        "--tokenizer",
+        tmp_path / "hf" / "tokenizer.json",
+    )
+    step = tmp_path / "ckpt" / "step_00000000"
+    ok(interop_main, "export", step, "--to", "hf", tmp_path / "out", "--data", tmp_path / "data")
+    assert transformers.AutoTokenizer.from_pretrained(str(tmp_path / "out")).eos_token == EOT
+
+
+def test_a_chat_template_without_its_tokenizer_is_named_not_dropped(tmp_path: Path) -> None:
+    """A chat_template.jinja beside a model that has no tokenizer.json cannot be kept (nothing to apply it
+    with); import says so in one line instead of dropping it without a word."""
+    instruct_dir(tmp_path / "hf")
+    (tmp_path / "hf" / "tokenizer.json").unlink()
+    (tmp_path / "hf" / "tokenizer_config.json").unlink()
+    rc, out, err = run_cli(interop_main, "import-hf", tmp_path / "hf", "--out", tmp_path / "ckpt")
+    assert rc == 0, err
+    [line] = [x for x in out.splitlines() if x.startswith("not kept:")]
+    assert "chat_template.jinja" in line and "generation_config.json" in line and "tokenizer.json" in line

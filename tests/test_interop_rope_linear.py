@@ -44,7 +44,7 @@ def imported(tmp_path_factory) -> tuple[Path, Path, object]:
     model.save_pretrained(str(base / "hf"))
     rc, out, err = cli("import-hf", base / "hf", "--out", base / "ckpts")
     assert rc == 0, err
-    assert "--model.rope_scaling=linear" in out
+    assert 'rope_scaling = "linear"' in (base / "ckpts" / "train.toml").read_text(), out  # import-hf's config
     return base / "hf", base / "ckpts" / step_dir_name(0), model
 
 

@@ -18,8 +18,9 @@ import pytest
 import truestep
 from truestep.core.errors import ExitCode
 from truestep.core.launch import PER_ATTEMPT_ENV, Launch, LaunchError, without_launch
-from truestep.resilience.handoff import park, parked_env, send_line
-from truestep.resilience.supervisor import LaunchSpec, node_launch, rank_launch
+from truestep.supervisor.driver import rank_launch
+from truestep.supervisor.handoff import park, parked_env, send_line
+from truestep.supervisor.restart_loop import LaunchSpec, node_launch
 
 SRC = Path(truestep.__file__).parent
 
@@ -149,7 +150,7 @@ def test_nothing_of_the_supervisors_own_record_leaks_into_a_ranks() -> None:
 
 
 def test_a_standby_adopts_the_record_it_is_handed_whole(tmp_path: Path) -> None:
-    """The handoff (resilience/handoff.py) in-process: the standby's environment afterwards reads back as
+    """The handoff (supervisor/handoff.py) in-process: the standby's environment afterwards reads back as
     exactly the record the supervisor sent, and it becomes `truestep train` (no argv is handed over)."""
     base = {"PATH": os.environ.get("PATH", "/bin"), "OMP_NUM_THREADS": "1"}
     template = Launch(

@@ -1,4 +1,4 @@
-"""The node link is the job's own (resilience/link_auth.py, link_gate.py, link_messages.py), over real
+"""The node link is the job's own (supervisor/link_auth.py, link_gate.py, link_messages.py), over real
 localhost TCP: a hello that does not prove this launch's secret -- forged, replayed from another
 connection, garbage, a 100 MB line, deeply nested JSON, a trickle -- is dropped without an answer and
 never joins; 1,100 slow connections cannot exhaust node 0 or keep the real node out; a forged goodbye or
@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 from truestep.core.errors import ExitCode, RefusedError
-from truestep.resilience import link_gate
-from truestep.resilience.link_auth import (
+from truestep.supervisor import link_gate
+from truestep.supervisor.link_auth import (
     Channel,
     LinkAuthError,
     hello_line,
@@ -31,8 +31,8 @@ from truestep.resilience.link_auth import (
     remove_key,
     write_key,
 )
-from truestep.resilience.link_messages import LinkProtocolError, check_bye
-from truestep.resilience.peers import Hub, Member
+from truestep.supervisor.link_messages import LinkProtocolError, check_bye
+from truestep.supervisor.peers import Hub, Member
 
 INTERVAL, TIMEOUT = 0.05, 0.5
 KEY = new_key()

@@ -1,9 +1,11 @@
-"""Strangers on a real job's node link (resilience/link_auth.py, link_gate.py): two supervisors as two
+"""Strangers on a real job's node link (supervisor/link_auth.py, link_gate.py): two supervisors as two
 "nodes" share a run directory; before node 1 starts, everything public about the job is known to an
 attacker (the lease names the job, the launch and node 0's link port) and it tries: a hello as node 1
 without the key, a hello recorded on another connection, garbage, a 100 MB line, deeply nested JSON, a
-forged goodbye with code 3 and a forged loss record of a node 7 -- and 1,100 slow connections held while
-the real node 1 joins. Node 0 runs with the usual 1,024-descriptor limit. The job must train on, the
+forged goodbye with code 3 and a forged loss record of a node 7 -- and, while the real node 1 joins,
+1,100 slow connections held plus a connection flood from one more address (node 0 evicts waiting
+connections in the very batch in which they are readable: the race that once killed its gate and closed
+the port within a second, so node 1 never joined and both nodes exited 77). Node 0 runs with the usual 1,024-descriptor limit. The job must train on, the
 real node must join, and the run must end bitwise equal to the failure-free reference with no failure
 detected; node 0's supervisor_end counts what it refused."""
 
@@ -22,7 +24,7 @@ import pytest
 
 from harness import events, truestep_env
 from supervised import assert_matches_reference, finish, launch_cmd, supervisor_events
-from truestep.resilience.link_auth import hello_line, read_challenge, read_key
+from truestep.supervisor.link_auth import hello_line, read_challenge, read_key
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
 
@@ -109,7 +111,7 @@ def test_strangers_on_the_link_change_nothing(supervised_reference: Path, tmp_pa
         lost = {"node": 7, "host": "x", "how": "closed", "detail": "forged", "code": None}
         _send_and_expect_silence(port, json.dumps({"type": "bye", "code": 0, "lost": lost}).encode() + b"\n")
         crowd = subprocess.Popen(
-            [sys.executable, str(Path(__file__).with_name("link_strangers.py")), str(port), str(STRANGERS), "25"],
+            [sys.executable, str(Path(__file__).with_name("link_strangers.py")), str(port), str(STRANGERS), "25", "flood"],
             stdout=subprocess.PIPE, text=True,
         )  # fmt: skip
         assert crowd.stdout is not None and crowd.stdout.readline().startswith("holding")
@@ -123,7 +125,8 @@ def test_strangers_on_the_link_change_nothing(supervised_reference: Path, tmp_pa
             if proc is not None and proc.poll() is None:
                 proc.kill()
                 proc.wait()
-    assert supervisor_events(run, "failure_detected") == [] and supervisor_events(run, "restart") == []
+    failures = supervisor_events(run, "failure_detected")
+    assert failures == [] and supervisor_events(run, "restart") == [], failures
     assert [e["attempt"] for e in supervisor_events(run, "attempt_start")] == [0, 0]
     [joined] = supervisor_events(run, "node_joined")
     assert joined["node"] == 1

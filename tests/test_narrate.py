@@ -120,14 +120,16 @@ def test_a_resume_without_checksums_says_so() -> None:
     assert "verified by commit marker and manifest, no checksums" in line and "fell back" not in line
 
 
-def supervisor_sequence(handoffs: int) -> list[dict]:
+def supervisor_sequence(
+    handoffs: int, importing: int = 0, reason: str = "process_exit on rank 1"
+) -> list[dict]:
     return [
         {"event": "attempt_start", "attempt": 0, "time": 10.0},
         {"event": "failure_detected", "attempt": 0, "kind": "process_exit", "rank": 1,
          "detail": "exit codes {1: -9}", "detected_at": 13.25},
         {"event": "teardown_complete", "attempt": 0},
-        {"event": "restart", "restart": 1, "after": "failed"},
-        *[{"event": "standby_handoff", "rank": r} for r in range(handoffs)],
+        {"event": "restart", "restart": 1, "after": "failed", "reason": reason},
+        *[{"event": "standby_handoff", "rank": r, "ready": r >= importing} for r in range(handoffs)],
         {"event": "attempt_start", "attempt": 1, "time": 14.0},
         {"event": "supervisor_end", "outcome": "requeue", "exit_code": 75, "restarts": 1},
     ]  # fmt: skip
@@ -136,7 +138,8 @@ def supervisor_sequence(handoffs: int) -> list[dict]:
 def test_the_supervisor_says_failure_restart_warm_and_the_exit_code() -> None:
     assert said(Narrator("truestep launch"), supervisor_sequence(handoffs=2)) == [
         "truestep launch: failure detected: process_exit on rank 1 after 3.2 s of attempt 0 (exit codes {1: -9})",
-        "truestep launch: restarting as attempt 1 (restart 1; warm: 2 standby process(es) took over)",
+        "truestep launch: restarting as attempt 1 (restart 1 after process_exit on rank 1; warm: 2 ready "
+        "standby process(es) took over)",
         "truestep launch: exit 75 (requeue me): preempted, checkpoint saved; requeue the job or run the same "
         "command again",
     ]
@@ -144,13 +147,66 @@ def test_the_supervisor_says_failure_restart_warm_and_the_exit_code() -> None:
 
 def test_a_restart_without_standbys_is_said_cold() -> None:
     lines = said(Narrator("truestep launch"), supervisor_sequence(handoffs=0))
-    assert lines[1] == "truestep launch: restarting as attempt 1 (restart 1; cold: fresh processes)"
+    assert lines[1] == (
+        "truestep launch: restarting as attempt 1 (restart 1 after process_exit on rank 1; cold: fresh processes)"
+    )
+
+
+@pytest.mark.parametrize(
+    ("importing", "how"),
+    [
+        (2, "2 standby process(es) still importing took over: no faster than a cold start"),
+        (1, "warm: 1 ready standby process(es) took over, 1 still importing"),
+    ],
+)
+def test_standbys_still_importing_are_not_called_warm(importing: int, how: str) -> None:
+    """`standby_handoff.ready` false: the standby had not finished importing torch; the restart then
+    takes as long as a cold one (0 of 64 were ready in a loaded campaign)."""
+    lines = said(Narrator("truestep launch"), supervisor_sequence(handoffs=2, importing=importing))
+    assert (
+        lines[1]
+        == f"truestep launch: restarting as attempt 1 (restart 1 after process_exit on rank 1; {how})"
+    )
+
+
+def test_a_restart_after_ranks_stopped_for_a_signal_says_why() -> None:
+    """A SIGTERM sent to one rank, not to the supervisor: the ranks agree, save and exit 75, and the
+    supervisor restarts in place: the restart line says so."""
+    reason = (
+        "every rank stopped gracefully with exit 75 (a preemption signal reached the ranks, not this "
+        "supervisor)"
+    )
+    sequence = [r for r in supervisor_sequence(handoffs=0, reason=reason) if r["event"] != "failure_detected"]
+    lines = said(Narrator("truestep launch"), sequence)
+    assert lines[0].startswith(f"truestep launch: restarting as attempt 1 (restart 1 after {reason};"), lines
+
+
+def test_a_stop_at_a_step_being_saved_does_not_say_saved_before_the_commit() -> None:
+    """The interval save of step 30 is under way when the stop comes at step 30: the stop skips its own
+    save. "step 30 was already saved" followed by "saved step 30" contradicted itself."""
+    records = [
+        {"event": "checkpoint_save", "step": 30, "reason": "interval"},
+        {"event": "signal_received", "signal": "SIGTERM", "stop_step": 30, "stop_reason": "preempted"},
+        {"event": "checkpoint_skipped", "step": 30, "reason": "preempted"},
+        {"event": "checkpoint_commit", "step": 30},
+    ]
+    lines = said(Narrator("truestep train", says_exit=False), records)
+    assert lines[1:] == [
+        "truestep train: step 30 is being saved already (an interval save): waiting for its commit",
+        "truestep train: saved step 30 (committed and verifiable)",
+    ]
+    committed_first = [records[0], records[3], records[1], records[2]]
+    lines = said(Narrator("truestep train", says_exit=False), committed_first)
+    assert lines[1:] == ["truestep train: step 30 was already saved (committed and verifiable)"]
 
 
 def test_rank_and_supervisor_kinds_do_not_overlap_so_nothing_is_said_twice() -> None:
     rank_kinds = {"signal_received", "checkpoint_commit", "checkpoint_skipped", "run_end",
-                  "checkpoint_quarantined", "checkpoint_verified", "checkpoint_restore", "nan_rollback"}  # fmt: skip
-    supervisor_kinds = {"attempt_start", "standby_handoff", "restart", "failure_detected", "supervisor_end"}
+                  "checkpoint_quarantined", "checkpoint_verified", "checkpoint_restore", "nan_rollback",
+                  "memory_restore", "memory_estimate", "init_from", "run_start", "eval",
+                  "exit_deadline_beyond_lead_time"}  # fmt: skip
+    supervisor_kinds = {"attempt_start", "standby_handoff", "restart", "failure_detected", "supervisor_end",
+                        "memory_lost"}  # fmt: skip
     assert set(LINES) == rank_kinds | supervisor_kinds
 
 
@@ -182,7 +238,13 @@ def test_a_peer_that_left_is_one_line_not_a_traceback() -> None:
     assert peer_left(err) == "Connection closed by peer [127.0.0.1]:30410"
     assert failure_of(err) == (
         1,
-        "a peer rank left the process group (Connection closed by peer [127.0.0.1]:30410); "
+        "stopping: a peer rank left the process group (it exited or was killed; gloo: Connection closed by "
+        "peer [127.0.0.1]:30410); details in events.jsonl",
+    )
+    # Under a supervisor the other rank's failure is the supervisor's to say: no network-looking words.
+    assert failure_of(err, supervised=True) == (
+        1,
+        "stopping: another rank of this job failed (see the supervisor's 'failure detected' line); "
         "details in events.jsonl",
     )
     wrapped = ValueError("while saving")
@@ -199,3 +261,16 @@ def test_the_experiment_estimates_what_is_left() -> None:
     assert eta_line([30.0, 50.0], 5) == "3 run(s) left, about 2 min 00 s (then the report)"
     assert eta_line([10.0], 3) == "2 run(s) left, about 20 s (then the report)"
     assert eta_line([10.0, 10.0], 2) == "all runs done; the report comes next"
+
+
+def test_a_preemption_whose_stop_failed_does_not_say_checkpoint_saved() -> None:
+    """The atomic-commit ablation's graceful cell: rank 0 crashes inside the stop's save; the supervisor,
+    preempted itself, still exits 75, but "checkpoint saved" was not true."""
+    end = {"event": "supervisor_end", "outcome": "requeue", "exit_code": 75, "restarts": 0,
+           "after_failure": "process_exit on rank 0"}  # fmt: skip
+    (line,) = said(Narrator("truestep launch"), [end])
+    assert line == (
+        "truestep launch: exit 75 (requeue me): preempted, but a rank failed while the job stopped "
+        "(process_exit on rank 0), so its checkpoint may not be saved; requeue the job or run the same "
+        "command again: it resumes from the newest verified checkpoint"
+    )

@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 
 from truestep.core.errors import NO_REQUEUE, NOT_RETRYABLE, ExitCode, NodeLostError, Outcome
-from truestep.resilience.node_loss import NodeLoss
-from truestep.resilience.peers import PeerLink, _Peer
+from truestep.supervisor.node_loss import NodeLoss
+from truestep.supervisor.peers import PeerLink, _Peer
 
 CUSTOM = 85
 """A custom `resilience.requeue_exit_code` (validated: neither it nor 86 is another truestep code)."""

@@ -39,7 +39,7 @@ from truestep.config.schema import CheckpointConfig, ResilienceConfig
 from truestep.core.errors import FencedError, RunDirBusyError
 from truestep.parallel.dist import DistContext
 from truestep.resilience.lease import RunDirLease, check_fence, read_lease
-from truestep.resilience.nodes import JobNodes
+from truestep.supervisor.nodes import JobNodes
 from truestep.telemetry.run_logs import RunLogs
 
 

@@ -1,4 +1,4 @@
-"""The supervisors' own link between the nodes of a job (resilience/peers.py), over real localhost TCP:
+"""The supervisors' own link between the nodes of a job (supervisor/peers.py), over real localhost TCP:
 a node that ends says goodbye with its exit code, one whose supervisor dies is noticed at once, one that
 goes silent is noticed after node_timeout_s, strangers and duplicates are refused, and a restart in
 place waits for a beat from every node after the failure."""
@@ -10,8 +10,8 @@ import time
 import pytest
 
 from truestep.core.errors import ExitCode, NodeLostError, UsageError
-from truestep.resilience.link_auth import new_key
-from truestep.resilience.peers import Hub, Member
+from truestep.supervisor.link_auth import new_key
+from truestep.supervisor.peers import Hub, Member
 
 INTERVAL, TIMEOUT = 0.05, 0.5
 KEY = new_key()

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from analysis_cases import line, start, write_run
+from truestep.analysis.report.format import fmt_pct
 from truestep.cli.main import main
 from truestep.config.errors import ConfigError
 from truestep.config.load import load_config, to_toml
@@ -343,7 +344,7 @@ def test_costs_are_fitted_from_the_analysis_of_a_run(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("multiple", "detect"), [("0", 5.0), ("8", 8.0)])
 def test_without_a_hang_detection_is_the_runs_hang_rule(tmp_path: Path, multiple: str, detect: float) -> None:
     """max(hang_timeout_s = 5, hang_step_multiple x the longest step, 1 s): the rule the supervisor
-    applies (resilience/watch.py)."""
+    applies (supervisor/watch.py)."""
     hand_made_run(tmp_path / "run")
     config = load_config("demo", [f"--resilience.hang_step_multiple={multiple}"])
     (tmp_path / "run" / "config.toml").write_text(to_toml(config))
@@ -405,3 +406,30 @@ def test_plan_command_refuses_bad_input_with_one_line(
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "unknown key job.gpuss" in err[0]
     assert main(["plan", "--from", str(tmp_path / "absent"), "--out", str(tmp_path)]) == 3
+
+
+def test_costs_measured_at_another_scale_say_so_in_the_headline_with_their_range(tmp_path: Path) -> None:
+    """A 2-rank CPU cold start (1 s here) is not a 16,384-GPU job's: the headline says which inputs were
+    measured at another size and not extrapolated, and what correct goodput is with them at truestep's
+    at-scale assumptions instead (the ±50 % sensitivity table hid a likely 10-50x)."""
+    from truestep.plan.report import summary_text
+    from truestep.plan.study import make_plan
+
+    hand_made_run(tmp_path / "run")
+    args = ["--job.gpus=16384", "--job.job_days=2", "--job.replicas=40", "--costs.teardown_s=3"]
+    a = assemble(tmp_path / "run", None, args)
+    assert a.unscaled["costs.startup_cold_s"] == (1.0, 300.0)  # measured, the default assumption
+    assert "costs.teardown_s" not in a.unscaled  # set by the user: not a measurement
+    assert "costs.restore_s" not in a.unscaled  # extrapolated by the scaling model
+    label = a.provenance.label("costs.startup_cold_s")
+    assert (
+        label.startswith("measured (median of 1,") and "at 2 ranks: not extrapolated to 16,384 GPUs" in label
+    )
+    result = make_plan(a, sweep_replicas=20)
+    low, high = result.unscaled_correct
+    assert high < low  # slower start-ups cost goodput
+    text = summary_text(a, result)
+    assert "**Not extrapolated:** `startup_cold_s` 1.00 s (assumed at scale: 300.0 s)" in text, text
+    assert f"correct goodput is {fmt_pct(high)} instead of {fmt_pct(low)}" in text
+    same = assemble(tmp_path / "run", None, ["--job.gpus=2"])
+    assert same.unscaled == {}

@@ -1,4 +1,4 @@
-"""The resume self-check's comparison (resilience/replay.py), in process: which pre-fault lines make the
+"""The resume self-check's comparison (train/selfcheck/replay.py), in process: which pre-fault lines make the
 window, and how a replayed step is judged on a bitwise and on a noisy platform."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 
 from truestep.config.errors import ConfigError
 from truestep.config.load import load_config
-from truestep.resilience.replay import ReplayCheck, Verdict, prefault_window
+from truestep.train.selfcheck.replay import ReplayCheck, Verdict, prefault_window
 
 
 def line(step: int, attempt: int, loss: float = 2.0, **extra: float) -> dict:

@@ -106,12 +106,15 @@ def test_each_run_lists_its_recovery_path(tmp_path: Path) -> None:
     events = tmp_path / "runs" / "faulted" / "events.jsonl"
     quarantine = {"time": 1001.0, "attempt": 1, "event": "checkpoint_quarantined", "step": 8}
     quarantine["reason"] = "missing COMMITTED"
+    commit = {"time": 6.5, "attempt": 0, "event": "checkpoint_commit", "step": 5}
     with events.open("a") as f:
-        f.write(json.dumps(quarantine) + "\n")
+        f.write(json.dumps(quarantine) + "\n" + json.dumps(commit) + "\n")
     md, _ = _report(tmp_path)
     faulted = md.split("### Run `faulted`", 1)[1].split("### Run", 1)[0]
     assert "| attempt | what | step | detail |" in faulted
-    assert "| 1 | restored | 5 | from `step_5` in 0.200 s |" in faulted
+    assert (
+        "| 1 | restored | 5 | from `step_5` in 0.200 s; committed: its checkpoint_commit event |" in faulted
+    )
     assert "| 1 | quarantined | 8 | missing COMMITTED |" in faulted
     reference = md.split("### Run `reference`", 1)[1].split("### Run", 1)[0]
     assert "Recovery path: no checkpoint was restored, quarantined or set aside." in reference

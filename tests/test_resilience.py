@@ -93,7 +93,8 @@ def test_sigstop_hang_is_detected_by_the_heartbeat(reference: Path, tmp_path: Pa
     os.kill(pid, signal.SIGSTOP)
     assert finish(proc) == 0, finish.last_output  # type: ignore[attr-defined]
     failure = supervisor_events(tmp_path, "failure_detected")[0]
-    assert failure["kind"] == "stale_heartbeat" and failure["rank"] == 1
+    # The heartbeat goes stale and /proc says stopped: whichever rule sees it first, within the timeout.
+    assert failure["kind"] in ("stale_heartbeat", "process_stopped") and failure["rank"] == 1
     latency = failure["detected_at"] - stopped_at
     assert LIVENESS - 0.5 < latency < LIVENESS + SLACK, latency
     assert_matches_reference(tmp_path, reference)

@@ -3,7 +3,8 @@ starts: steps 5 and 6 were logged and are lost) resumes and judges itself agains
 with no reference run. All mechanisms on: verified. Each restore mechanism switched off: diverged, at
 the first replayed step its state shapes. Dropout is on so that the RNG streams shape the trajectory.
 
-One killed run is made per module and copied for each resume (the copy is the same run directory).
+One killed run is made per module and copied for each resume (the copy is the same run directory); the
+resumes run in the test process (harness.run_in_process: the same rank, without a fresh interpreter).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import events, launch, metrics
+from harness import events, launch, metrics, run_in_process_captured
 
 pytestmark = pytest.mark.multiprocess
 
@@ -37,9 +38,9 @@ def killed(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def resumed(killed: Path, tmp_path: Path, *switches: str, code: int = 0) -> tuple[Path, str]:
     run = tmp_path / "run"
     shutil.copytree(killed, run, symlinks=True)
-    proc = launch(run, *COMMON, "--metrics.tensorboard=true", *switches, check=False)
-    assert proc.returncode == code, proc.stderr[-3000:]
-    return run, proc.stderr
+    got, stderr = run_in_process_captured(run, *COMMON, "--metrics.tensorboard=true", *switches)
+    assert got == code, stderr[-3000:]
+    return run, stderr
 
 
 def tb_self_check(run: Path) -> list[tuple[int, float]]:
@@ -132,7 +133,8 @@ def test_digest_check_off_the_replay_still_flags_the_wrong_restore(killed: Path,
 def stopped(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A graceful stop after step 4 (its save is at step 4: nothing will be replayed)."""
     run = tmp_path_factory.mktemp("stopped") / "run"
-    launch(run, *COMMON, "--train.stop_at_step=4")
+    code, stderr = run_in_process_captured(run, *COMMON, "--train.stop_at_step=4")
+    assert code == 0, stderr[-3000:]
     (witness,) = events(run, "stop_witness")
     assert witness["step"] == 4 and witness["witness_s"] > 0
     return run
@@ -196,8 +198,8 @@ def test_a_save_mutated_while_writing_unstaged_is_refused_by_its_digest(
 ) -> None:
     run = tmp_path / "run"
     shutil.copytree(unstaged, run, symlinks=True)
-    proc = launch(run, *UNSTAGED, check=False)
-    assert proc.returncode == 3, proc.stderr[-3000:]
+    code, stderr = run_in_process_captured(run, *UNSTAGED)
+    assert code == 3, stderr[-3000:]
     (mismatch,) = events(run, "restore_digest_mismatch")
     assert mismatch["step"] == 4 and mismatch["saved"] != mismatch["restored"]
     assert not events(run, "checkpoint_restore")
@@ -210,7 +212,8 @@ def test_a_staged_async_save_survives_the_mutation(tmp_path: Path) -> None:
     run = tmp_path / "run"
     proc = launch(run, *UNSTAGED, "--fault=mutate:step=4;crash:at=save:before-shards:step=8", check=False)
     assert proc.returncode == -9, proc.stderr[-3000:]
-    launch(run, *UNSTAGED)
+    code, stderr = run_in_process_captured(run, *UNSTAGED)
+    assert code == 0, stderr[-3000:]
     assert events(run, "checkpoint_restore")[-1]["restored_digest"] == "matches"
     (check,) = self_checks(run)
     assert check["event"] == "resume_diverged" and check["first_step"] == 5

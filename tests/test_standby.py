@@ -1,4 +1,4 @@
-"""Warm standby ranks (resilience/standby.py, resilience/handoff.py) under the real supervisor.
+"""Warm standby ranks (supervisor/standby.py, supervisor/handoff.py) under the real supervisor.
 
 A restart handed to standbys must be the run that would have happened without the failure, bit for
 bit, in every layout; the processes must be indistinguishable from fresh ranks where the trajectory or
@@ -30,8 +30,8 @@ from supervised import (
 )
 from truestep.config.load import load_config, to_toml
 from truestep.core.launch import Launch
-from truestep.resilience.handoff import PER_ATTEMPT_ENV, adopted_env, env_differences, parked_env
-from truestep.resilience.standby import Standby, StandbyPool
+from truestep.supervisor.handoff import PER_ATTEMPT_ENV, adopted_env, env_differences, parked_env
+from truestep.supervisor.standby import Standby, StandbyPool
 from truestep.telemetry.jsonl import JsonlWriter, read_jsonl
 
 pytestmark = pytest.mark.multiprocess
@@ -111,6 +111,14 @@ def test_a_restart_through_warm_standbys_is_bitwise_in_every_layout(
     restarted = supervisor_events(run, "attempt_start")[1]
     assert sorted(restarted["pids"]) == sorted(h["pid"] for h in handed)
     assert {r["attempt"] for r in events(run, "run_start")} == {0, 1}
+    # Its life as a rank began at the handoff (run_start.handoff_at, the analysis's attempt start), and
+    # the supervisor recorded when it last saw the killed rank running (the incident's onset).
+    sent = {h["pid"]: h["sent_at"] for h in handed}
+    starts = [r for r in events(run, "run_start") if r["attempt"] == 1]
+    assert all(r["handoff_at"] == pytest.approx(min(sent.values()), abs=1.0) for r in starts)
+    assert all(r["handoff_at"] <= r["process_start"] for r in starts)
+    (failure,) = supervisor_events(run, "failure_detected")
+    assert failure["kind"] == "process_exit" and 0 < failure["detected_at"] - failure["last_seen"] < 5
     # Indistinguishable where a rank's recovery path can see it: signal dispositions, parent, session.
     assert warm == cold
     assert_matches_reference(run, layout_references[layout], steps=LAYOUT_STEPS)

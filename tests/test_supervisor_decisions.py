@@ -1,7 +1,7 @@
 """The supervisor's decisions as units, in-process: how an attempt ends from its ranks' exit codes
-(resilience/watch.py: `rank_exits`), and what the restart loop does with each end (restart, give up,
+(supervisor/watch.py: `rank_exits`), and what the restart loop does with each end (restart, give up,
 stop and pass a code on). The loop runs for real -- lease, events, the node checks before a restart --
-with only the spawning and watching of rank processes replaced by a script of attempt ends; the
+with only its driver (spawning and watching rank processes) replaced by a script of attempt ends; the
 multi-process tests (test_resilience.py, test_node_loss.py, ...) show the same decisions on real ranks.
 """
 
@@ -15,9 +15,9 @@ import pytest
 
 from truestep.config.load import load_config
 from truestep.core.errors import ExitCode, Outcome
-from truestep.resilience.node_loss import NodeLoss
-from truestep.resilience.supervisor import LaunchSpec, Supervisor, run_supervisor
-from truestep.resilience.watch import AttemptEnd, Failure, rank_exits
+from truestep.supervisor.node_loss import NodeLoss
+from truestep.supervisor.restart_loop import LaunchSpec, Supervisor, restart_reason, run_supervisor
+from truestep.supervisor.watch import AttemptEnd, Failure, rank_exits
 from truestep.telemetry.jsonl import read_jsonl
 
 CUSTOM = 85
@@ -82,9 +82,31 @@ def _crash(rank: int = 1) -> Failure:
     return Failure("process_exit", rank, "exit codes {1: -9}")
 
 
+class Script:
+    """A RankDriver (supervisor/driver.py) whose attempts end as the script says: no process is started."""
+
+    def __init__(self, supervisor: Supervisor, ends: Iterator[AttemptEnd], signalled: str | None) -> None:
+        self.supervisor = supervisor
+        self.ends = ends
+        self.signalled = signalled
+
+    def spawn(self, attempt: int) -> list:
+        return []
+
+    def watch(self, ranks: list) -> AttemptEnd:
+        if self.signalled:  # the supervisor got a preemption signal while this attempt ran
+            self.supervisor.signalled = self.signalled
+        return next(self.ends)
+
+    def teardown(self, ranks: list) -> None:
+        pass
+
+    def wait(self, ranks: list) -> None:
+        pass
+
+
 def run_script(
     tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
     ends: list[AttemptEnd],
     max_restarts: int = 3,
     requeue_code: int = 75,
@@ -92,16 +114,8 @@ def run_script(
 ) -> tuple[int, list[dict]]:
     """Run the real restart loop where every attempt ends as the next of `ends` says."""
     cfg = load_config("tiny", [f"--run.dir={tmp_path}", f"--resilience.requeue_exit_code={requeue_code}"])
-    script: Iterator[AttemptEnd] = iter(ends)
-
-    def watch(self: Supervisor, ranks: list) -> AttemptEnd:
-        if signalled:
-            self.signalled = signalled
-        return next(script)
-
-    monkeypatch.setattr(Supervisor, "_spawn", lambda self, attempt: [])
-    monkeypatch.setattr(Supervisor, "_watch", watch)
-    code = run_supervisor(LaunchSpec(nproc=1, max_restarts=max_restarts, job_id="job"), cfg)
+    spec = LaunchSpec(nproc=1, max_restarts=max_restarts, job_id="job")
+    code = run_supervisor(spec, cfg, lambda supervisor: Script(supervisor, iter(ends), signalled))
     return code, [e for e in read_jsonl(tmp_path / "events.jsonl") if e.get("source") == "supervisor"]
 
 
@@ -134,7 +148,7 @@ def test_what_the_restart_loop_does_with_each_end(
     requeue_code: int,
     expected: tuple,
 ) -> None:
-    code, events = run_script(tmp_path, monkeypatch, ends, max_restarts, requeue_code)
+    code, events = run_script(tmp_path, ends, max_restarts, requeue_code)
     outcome, exit_code, restarts, attempt = _end(events)
     assert (outcome, exit_code, restarts) == expected and code == exit_code
     assert attempt == restarts  # one attempt per restart, numbered by the lease from 0
@@ -147,7 +161,7 @@ def test_a_supervisor_being_preempted_asks_for_a_requeue_instead_of_restarting(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, no_signal_handlers: None
 ) -> None:
     ends = [AttemptEnd(Outcome.FAILED, _crash()), AttemptEnd(Outcome.CLEAN)]
-    code, events = run_script(tmp_path, monkeypatch, ends, requeue_code=CUSTOM, signalled="SIGTERM")
+    code, events = run_script(tmp_path, ends, requeue_code=CUSTOM, signalled="SIGTERM")
     assert _end(events)[:3] == ("requeue", CUSTOM, 0) and code == CUSTOM
 
 
@@ -160,5 +174,17 @@ def test_a_lost_node_passes_its_code_on_with_the_jobs_requeue_code(
         loss = NodeLoss(1, "h", "left" if left is not None else "closed", "gone", code=left)
         ends = [AttemptEnd(Outcome.NODE_LOST, Failure("node_lost", None, loss.describe(), loss=loss))]
         run_dir = tmp_path / str(left)
-        code, events = run_script(run_dir, monkeypatch, ends, requeue_code=CUSTOM)
+        code, events = run_script(run_dir, ends, requeue_code=CUSTOM)
         assert _end(events)[:2] == ("node_lost", expected) and code == expected
+
+
+def test_a_restart_says_why() -> None:
+    """Ranks that all exit 75 while the supervisor got no signal (a SIGTERM sent to one rank) restart in
+    place: the reason says so (it used to say nothing); a failure names its kind and rank."""
+    every = rank_exits({0: 75, 1: 75}, 75)
+    assert every is not None and every.word == "requeue"
+    assert restart_reason(every, 75) == (
+        "every rank stopped gracefully with exit 75 (a preemption signal reached the ranks, not this supervisor)"
+    )
+    killed = rank_exits({0: None, 1: -9}, 75)
+    assert killed is not None and restart_reason(killed, 75) == "process_exit on rank 1"

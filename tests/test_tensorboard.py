@@ -20,7 +20,7 @@ event_accumulator = pytest.importorskip(
     reason="tensorboard is not installed (pip install 'truestep[dev]' or pip install tensorboard)",
 )
 
-KEYS = ("loss", "grad_norm", "lr", "tokens_seen", "step_time")
+KEYS = ("loss", "grad_norm", "lr", "tokens_seen", "step_time", "peak_mem_bytes")
 COMMON = ["--metrics.tensorboard=true", "--schedule.warmup_steps=2"]
 
 

@@ -46,11 +46,15 @@ def job_env(extra: dict[str, str] | None = None) -> dict[str, str]:
 
 
 def submit(
-    cluster, tmp_path: Path, name: str, *sbatch_args: str, extra: tuple[str, ...] = ()
+    cluster, tmp_path: Path, name: str, *sbatch_args: str, extra: tuple[str, ...] = (), faults: str = ""
 ) -> tuple[str, Path, Path]:
-    """train.sbatch with its default command (`truestep launch tiny --nproc 1` on every node)."""
+    """train.sbatch with its default command (`truestep launch tiny --nproc 1` on every node); `faults`
+    armed on every node through the environment (TRUESTEP_FAULTS, docs/faults.md)."""
     run_dir, out = tmp_path / "run", tmp_path / "job.out"
     env = job_env({"SLURM_CONF": cluster.env["SLURM_CONF"]})
+    if faults:
+        env["TRUESTEP_FAULTS"] = faults
+        extra = (*extra, "--run.allow_env_faults=true")
     script_args: tuple[str, ...] = tuple(overrides(run_dir, *extra))
     if len(TRUESTEP) == 1:
         env.update(TRUESTEP_BIN=TRUESTEP[0], TRUESTEP_CONFIG="tiny", TRUESTEP_NPROC="1")

@@ -20,6 +20,7 @@ from multinode import (
     assert_bitwise,
     assert_job_wide_attempts,
     events,
+    last_step,
     record_fault,
     submit,
     supervisor,
@@ -31,6 +32,8 @@ from multinode import (
 from truestep.analysis.mttr import incidents
 from truestep.analysis.runlog import RunLog
 from truestep.config.schema import ResilienceConfig
+from truestep.core.names import snapshot_holder_dir
+from truestep.resilience.lease import read_lease
 from truestep.telemetry.jsonl import read_jsonl
 
 pytestmark = pytest.mark.slurm
@@ -114,6 +117,72 @@ def test_node_crash_is_noticed_at_once_and_the_job_resumes_bitwise_on_the_spare(
     for phase, seconds in incident.phases_s.items():
         timing(f"node crash MTTR phase {phase}", seconds)
     timing("node crash MTTR (fault -> first new step)", incident.mttr_s)
+
+
+def test_a_lost_rank_and_then_a_lost_node_are_restored_from_the_other_nodes_memory(
+    netns, multinode_reference, tmp_path
+):
+    """Snapshots every step, no disk checkpoint (interval 0): only memory can serve. Rank 1 (node 1) is
+    killed: both nodes restart in place, node 0's rank -- which exited with an error, its peer gone --
+    keeps its memory, and rank 1 comes back from rank 0's copy. Then node 1 crashes: the job is requeued
+    onto node 0 (the same host) and the spare, and again rank 0 restores its own memory and rank 1 rank
+    0's copy. At most one step lost each time; the run is the failure-free one bit for bit."""
+    reference = multinode_reference.result()
+    memory = tmp_path / "memory"
+    snapshots = ("--resilience.snapshot_every_steps=1", f"--resilience.snapshot_dir={memory}")
+    # A rank with no heartbeat by then is judged hung and its memory dropped: allow a loaded machine.
+    slow_start = "--resilience.startup_timeout_s=60"
+    job, run_dir, out = submit(
+        netns, tmp_path, "memory", "--nodes=2", extra=(*snapshots, "--checkpoint.interval=0", slow_start),
+        faults="kill:rank=1:step=12",  # attempt 0 only
+    )  # fmt: skip
+    diagnose = lambda: tail(out)  # noqa: E731
+    nodes = running_on(netns, job, diagnose, timeout=60)
+    netns.wait_for(
+        lambda: last_step(run_dir) >= 24 and events(run_dir, "snapshot_agreed", attempt=1),
+        240,
+        "attempt 1 (after the rank kill) at step >= 24 with an agreed snapshot",
+        diagnose=diagnose,
+    )
+    lease = read_lease(run_dir)
+    assert lease is not None and lease.run_id, lease
+    for rank, host in enumerate(nodes):  # each host's memory under its own name: its rank's and its buddy's
+        held = snapshot_holder_dir(memory, lease.run_id, host, rank).glob("c*.bin")
+        assert {p.name.split(".")[0] for p in held} == {"c00000", "c00001"}, (rank, host)
+
+    victim = nodes[1]
+    crashed = netns.crash(victim)
+    record_fault(run_dir, crashed, "kill", "kill:node=1", scope="node", node=1, host=victim)
+    again = running_on(netns, job, diagnose, restarts=1)
+    timing("node crash -> job running again (memory path)", time.time() - crashed)
+    assert again[0] == nodes[0] and victim not in again and len(again) == 2, (nodes, again)
+    completed(netns, job, out, diagnose)
+
+    lost = [(e["host"], e["ranks"]) for e in supervisor(run_dir, "memory_lost")]
+    assert lost == [(victim, [1])], f"only the killed rank's memory goes (node 0's rank kept its): {lost}"
+    assert read_lease(run_dir).run_id == lease.run_id, "the requeued job took another run_id"
+    restores = events(run_dir, "memory_restore")
+    assert [r["attempt"] for r in restores] == [1, 2], restores
+    for restore in restores:
+        assert (restore["source"], restore["from_buddies"], restore["sources"]) == (
+            "memory",
+            [1],
+            {"0": 0, "1": 0},
+        )
+        assert restore["steps_lost"] <= 1, restore
+        assert f"restored step {restore['step']} from memory" in out.read_text(), tail(out)
+        timing(
+            f"memory restore, attempt {restore['attempt']} (rank 1 over the network)", restore["restore_s"]
+        )
+    assert events(run_dir, "checkpoint_restore") == []
+    assert [e["attempt"] for e in events(run_dir, "memory_restore_skipped")] == [0]  # the fresh start
+    checks = [(e["attempt"], e["event"]) for e in events(run_dir) if e["event"].startswith("resume_")]
+    assert checks == [(1, "resume_verified"), (2, "resume_verified")], checks
+    assert_bitwise(run_dir, reference)
+    assert_job_wide_attempts(run_dir, {0: 2, 1: 2, 2: 2})
+    for incident in incidents(RunLog.load(run_dir)):
+        assert incident.mttr_s is not None, incident
+        timing(f"MTTR from memory after a {incident.kind} at step {incident.pre_fault_step}", incident.mttr_s)
 
 
 def test_partition_is_detected_on_both_sides_and_the_job_resumes_on_fewer_nodes(

@@ -113,6 +113,9 @@ class Comparison:
     """False when the caller chose not to read checkpoints (--skip-state)."""
     final_step: int | None = None
     """The reference's last step: where the final parameters are compared."""
+    declared_gaps: list[tuple[str, tuple[int, ...], str]] = field(default_factory=list)
+    """Evidence the run's own log says is missing, as (what, steps, detail): evidence_gap events
+    (analysis/runlog.py), e.g. `truestep audit`'s fault that never fired or restart that started over."""
 
     @property
     def config_differs(self) -> bool:
@@ -301,4 +304,5 @@ def compare(run: RunLog, ref: RunLog, state: list[StateDistance] | None = None) 
         run_only_checkpoints=sorted(s for s in kept if s not in ref_kept),
         state_read=state is not None,
         final_step=max(ref.final_steps, default=None),
+        declared_gaps=run.declared_gaps(),
     )

@@ -88,6 +88,9 @@ class FloorModel:
     """Some repeat ran in another layout than the reference (allowed only when asked for)."""
     layouts: list[str] = field(default_factory=list)
     """The layouts of the reference and the repeats, reference first."""
+    precision: list[str] = field(default_factory=list)
+    """One phrase per observable the reference declared it logged rounded: compared at that precision
+    (`precision_notes`)."""
 
     @property
     def k(self) -> int:
@@ -205,10 +208,27 @@ def _statistic(run: dict[int, float], envelope: Envelope) -> float:
 
 
 def _resolutions(ref: RunLog) -> dict[str, dict[int, float]]:
-    return {
+    """Family -> step -> the smallest difference the logs can show: one fp32 ulp of the reference's loss
+    and grad norm, or the rounding step a run declared for an observable (a trainer that logs the loss
+    at 4 decimals cannot show a change below 1e-4), whichever is larger."""
+    found = {
         LOSS: {s: f32_ulp(m["loss"]) for s, m in ref.final_steps.items()},
         GRAD_NORM: {s: f32_ulp(m["grad_norm"]) for s, m in ref.final_steps.items()},
     }
+    for name, step in ref.precision().items():
+        held = found.setdefault(name, {})
+        for s in ref.final_steps:
+            held[s] = max(held.get(s, 0.0), step)
+    return found
+
+
+def precision_notes(ref: RunLog) -> list[str]:
+    """What the report says about observables logged rounded: compared at the precision logged."""
+    return [
+        f"{name} was logged rounded to {step:g} (declared by the run): compared at that precision, "
+        "a smaller change cannot be seen"
+        for name, step in sorted(ref.precision().items())
+    ]
 
 
 def validate_run(run: RunLog, role: str) -> None:
@@ -238,9 +258,11 @@ def validate_run(run: RunLog, role: str) -> None:
     if len(run.fingerprints()) > 1:
         raise RunLogError(f"{where} changed its config between attempts: {', '.join(run.fingerprints())}")
     last = max(run.final_steps)
-    ends = [e for e in run.named("run_end") if e.get("step") == last and "param_digest" in e]
+    digest = run.logs_param_digest()  # a run that declared it cannot log one still must have ended
+    ends = [e for e in run.named("run_end") if e.get("step") == last and ("param_digest" in e or not digest)]
     if not ends:
-        raise RunLogError(f"{where} logged no run_end with a parameter digest at its last step {last}")
+        what = "a run_end with a parameter digest" if digest else "a run_end"
+        raise RunLogError(f"{where} logged no {what} at its last step {last}")
     planned = [e["max_steps"] for e in run.named("run_start") if isinstance(e.get("max_steps"), int)]
     reason = ends[-1].get("reason", "completed")
     if reason not in ("completed", "final") or (planned and last != planned[0]):
@@ -367,4 +389,5 @@ def measure_floor(
         notes,
         cross_layout=len(layouts) > 1,
         layouts=layouts,
+        precision=precision_notes(ref),
     )

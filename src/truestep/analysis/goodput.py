@@ -14,6 +14,7 @@ attempts overlap, the result says so in `inconsistencies`.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from truestep.analysis.idle import IDLE_KINDS, Idle, idle_periods, records_before
@@ -76,10 +77,15 @@ class CheckpointOverhead:
 
 
 def attempt_starts(run: RunLog) -> dict[int, float]:
-    """Trainer attempt -> its first process start (run_start.process_start, else run_start's time)."""
+    """Trainer attempt -> its first process start (run_start.process_start, else run_start's time; for a
+    warm standby the handoff, `run_start.handoff_at`, if earlier: a standby still importing when handed
+    its rank starts being it there, and the wait for its imports is its start-up, not a requeue wait)."""
     began: dict[int, float] = {}
     for e in run.named("run_start"):
         t = float(e.get("process_start", e["time"]))
+        handoff = e.get("handoff_at")
+        if isinstance(handoff, int | float) and not isinstance(handoff, bool) and math.isfinite(handoff):
+            t = min(t, float(handoff))
         began[e["attempt"]] = min(began.get(e["attempt"], t), t)
     return dict(sorted(began.items()))
 
@@ -141,11 +147,18 @@ def _supervision(run: RunLog, starts: dict[int, float]) -> tuple[list[Span], lis
     """Detection, teardown and requeue-wait spans, and any overlap of consecutive attempts."""
     spans, problems = [], []
     faults = [f["time"] for f in run.named("fault_injected")]
+    seen_failing: set[object] = set()
     for failure in run.named("failure_detected"):
         detected = failure.get("detected_at", failure["time"])
         before = [t for t in faults if t <= detected]
+        last_seen = failure.get("last_seen")
         if before:
             spans.append(Span("detection", failure.get("attempt"), max(before), detected))
+        elif isinstance(last_seen, int | float) and failure.get("attempt") not in seen_failing:
+            # Nobody injected it: from the rank's last sign of health the supervisor recorded (once per
+            # attempt: every node's supervisor may record the same failure).
+            spans.append(Span("detection", failure.get("attempt"), min(float(last_seen), detected), detected))
+        seen_failing.add(failure.get("attempt"))
     teardowns = run.named("teardown_complete")
     spans += [Span("teardown", e.get("attempt"), e["time"] - e["teardown_s"], e["time"]) for e in teardowns]
     ordered = list(starts.items())

@@ -13,12 +13,31 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from truestep.checkpoint.catalog import (
+    is_committed,
+    quarantined_dirs,
+    run_checkpoint_root,
+    set_aside_step,
+    step_dirs,
+)
 from truestep.core.errors import RefusedError
 from truestep.core.names import EVENTS_FILE, METRICS_FILE
 from truestep.telemetry.jsonl import read_jsonl
 
-METRIC_FIELDS = ("step", "loss", "grad_norm", "lr", "time", "step_time", "attempt", "tokens_seen")
-"""What every metrics line must hold for the measures to be computed."""
+METRIC_FIELDS = ("step", "loss", "grad_norm", "time", "step_time", "attempt", "tokens_seen")
+"""What every metrics line must hold for the measures to be computed. Every other numeric field (the
+learning rate among them) is an observable compared where both lines log it (telemetry/lines.py)."""
+DIGEST_LOGGED = "param_digest_logged"
+"""run_start field: false when the run's maker cannot log a parameter digest (`truestep audit` of a job
+without --weights): a reference or floor run then ends with a run_end without one, and the verdict counts
+the final parameters as not compared."""
+PRECISION = "logged_precision"
+"""run_start field: observable -> the step its values were rounded to before they were logged (a trainer
+that logs a loss at 4 decimals: 1e-4). Differences below it cannot be seen; the floor's envelope is at
+least that step (analysis/floor.py)."""
+EVIDENCE_GAP = "evidence_gap"
+"""An event by which a run's maker declares evidence it knows is missing (a fault that never fired, a
+restart that started over instead of resuming): the verdict lists each as a gap (analysis/verdict.py)."""
 
 
 class RunLogError(RefusedError):
@@ -180,8 +199,55 @@ class RunLog:
         seen = [e["config_fingerprint"] for e in self.named("run_start") if "config_fingerprint" in e]
         return list(dict.fromkeys(seen))
 
+    def precision(self) -> dict[str, float]:
+        """Observable -> the rounding step its logged values carry, as every attempt's run_start declared
+        it (the largest where attempts differ)."""
+        found: dict[str, float] = {}
+        for e in self.named("run_start"):
+            declared = e.get(PRECISION)
+            for name, step in declared.items() if isinstance(declared, dict) else ():
+                if _is_number(step) and math.isfinite(step) and step > 0:
+                    found[str(name)] = max(found.get(str(name), 0.0), float(step))
+        return found
+
+    def logs_param_digest(self) -> bool:
+        """False when a run_start declared that this run cannot log a parameter digest."""
+        return not any(e.get(DIGEST_LOGGED) is False for e in self.named("run_start"))
+
+    def declared_gaps(self) -> list[tuple[str, tuple[int, ...], str]]:
+        """(what, steps, detail) of every evidence_gap event, in the order written."""
+        found = []
+        for e in self.named(EVIDENCE_GAP):
+            steps = e.get("steps")
+            steps = (
+                tuple(int(s) for s in steps if _is_number(s, integer=True)) if isinstance(steps, list) else ()
+            )
+            found.append((str(e.get("what", "evidence missing")), steps, str(e.get("detail", ""))))
+        return found
+
     def layout_changes(self) -> list[int]:
         return [e["step"] for e in self.named("checkpoint_restore") if e.get("layout_changed")]
+
+    def commit_evidence(self) -> dict[int, str]:
+        """step -> why the run's checkpoint of that step counts as committed: its `checkpoint_commit`
+        event; else a resume that verified its commit marker (`checkpoint_verified`); else its marker on
+        disk, live or quarantined. The event alone is not the commit: rank 0 killed between writing the
+        marker and logging the event leaves a committed checkpoint with no event, and a later restore of
+        it is a restore of a committed checkpoint. A restore by itself is no evidence (with
+        checkpoint.atomic_commit=false a torn one is restored too)."""
+        found: dict[int, str] = {}
+        for e in self.named("checkpoint_commit"):
+            if isinstance(e.get("step"), int):
+                found.setdefault(e["step"], "its checkpoint_commit event")
+        for e in self.named("checkpoint_verified"):
+            if isinstance(e.get("step"), int):
+                found.setdefault(e["step"], "its commit marker, verified at a resume")
+        root = run_checkpoint_root(self.path)
+        for ckpt_dir in step_dirs(root) + quarantined_dirs(root):
+            step = set_aside_step(ckpt_dir)
+            if step is not None and is_committed(ckpt_dir):
+                found.setdefault(step, "its commit marker on disk")
+        return dict(sorted(found.items()))
 
     def fault_specs(self) -> list[str]:
         return [str(e.get("spec", e.get("kind", "?"))) for e in self.named("fault_injected")]

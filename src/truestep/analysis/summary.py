@@ -49,6 +49,12 @@ class RunAnalysis:
     checkpoint: CheckpointOverhead
     self_check: str = "-"
     """What the run's resumes said about themselves, with no reference (analysis/self_check.py)."""
+    peak_mem_bytes_per_rank: list[int] = dataclasses.field(default_factory=list)
+    """Each rank's measured memory peak at the end of the last attempt (run_end); empty: not recorded."""
+    memory_estimate_bytes: int | None = None
+    """The peak per rank estimated before the last attempt built its model (memory_estimate)."""
+    evals: list[tuple[int, float, float]] = dataclasses.field(default_factory=list)
+    """Held-out evaluations (step, loss, perplexity), the last one logged for each step."""
 
     @property
     def mean_mttr_s(self) -> float | None:
@@ -113,7 +119,27 @@ def analyze_run(
         incidents=incidents(run),
         checkpoint=checkpoint_overhead(run),
         self_check=self_check_label(run),
+        **training_facts(run),
     )
+
+
+def training_facts(run: RunLog) -> dict[str, Any]:
+    """Memory and held-out evaluation, as the run logged them (run_end, memory_estimate, eval)."""
+    ends, estimates = run.named("run_end"), run.named("memory_estimate")
+    peaks = ends[-1].get("peak_mem_bytes_per_rank") if ends else None
+    estimate = estimates[-1].get("peak_bytes") if estimates else None
+    evals = {
+        e["step"]: (e["step"], float(e["loss"]), float(e["perplexity"]))
+        for e in run.named("eval")
+        if isinstance(e.get("loss"), int | float) and isinstance(e.get("perplexity"), int | float)
+    }
+    return {
+        "peak_mem_bytes_per_rank": [int(p) for p in peaks if isinstance(p, int)]
+        if isinstance(peaks, list)
+        else [],
+        "memory_estimate_bytes": int(estimate) if isinstance(estimate, int) else None,
+        "evals": [evals[step] for step in sorted(evals)],
+    }
 
 
 def analyze_group(

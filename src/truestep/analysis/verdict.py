@@ -9,8 +9,9 @@ mismatched or duplicated evidence never counts as agreement:
 
 - a step either side lacks (the run stopped early; the reference has no line for it), a step computed
   by an attempt with another config, an observable only one line logged, a checkpoint both runs kept
-  whose distances were not taken or cannot be judged, and final parameters that were not compared are
-  gaps: the verdict is INCOMPLETE (exit 8), naming them;
+  whose distances were not taken or cannot be judged, final parameters that were not compared, and
+  what the run's own log declares missing (evidence_gap events: analysis/runlog.py) are gaps: the
+  verdict is INCOMPLETE (exit 8), naming them;
 - a step logged twice is judged on its recomputed line (analysis/runlog.py), and an earlier
   (pre-fault) line that disagrees with it is itself a finding (the resume did not reproduce the step);
 - where the floor is bitwise (every repeat bit-identical to the reference, or no repeat: exact equality
@@ -210,7 +211,7 @@ def _final_compared(c: Comparison, floor: FloorModel, judged_ckpts: set[int]) ->
 
 
 def _gaps(c: Comparison, floor: FloorModel, judged_ckpts: set[int], final_ok: bool) -> list[Gap]:
-    gaps = []
+    gaps = [Gap(what, steps, detail) for what, steps, detail in c.declared_gaps]
     if c.missing_steps:
         gaps.append(Gap("the run never logged steps", tuple(c.missing_steps)))
     if c.unverifiable_steps:

@@ -41,6 +41,8 @@ SUPERSEDED = "superseded"
 """Where `checkpoint.overwrite=true` moves the checkpoints of an earlier trajectory, never deleted."""
 RANK_STATE = "rank{rank:05d}.json"
 """Per-rank JSON state: counters, data position, RNG streams, config keys."""
+SAVE_RECORD = "save.json"
+"""What the save knows about itself (step, reason, parameter digest): checkpoint/save_record.py."""
 DCP_METADATA = ".metadata"
 """DCP's own metadata file (written by DCP's coordinator; read only through checkpoint/safe_dcp.py)."""
 

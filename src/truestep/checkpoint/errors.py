@@ -27,3 +27,18 @@ class CheckpointContentError(RefusedError):
 class TensorMismatchError(RefusedError):
     """A checkpoint's tensors do not fit what is being loaded (another model config): the checkpoint may
     be fine, the request does not match it."""
+
+
+def raise_load_error(ckpt_dir: object, err: BaseException) -> None:
+    """Raise a failed load as the refusal it is: the checkpoint's own bytes (CheckpointContentError, raised
+    as is: the caller quarantines and falls back), a model that does not fit it, or an I/O error."""
+    if isinstance(err, RefusedError | OSError) and not isinstance(err, TensorMismatchError):
+        raise err
+    if isinstance(err, TensorMismatchError):
+        raise ResumeError(
+            f"{ckpt_dir} does not fit the configured model ({err}); the config changed in a way that changes "
+            "shapes: restore it or start a new run directory"
+        ) from err
+    raise ResumeError(
+        f"{ckpt_dir} cannot be loaded into the configured model: {type(err).__name__}: {err}"
+    ) from err

@@ -200,10 +200,14 @@ def inspect_checkpoint(path: Path, checksums: bool = True) -> dict[str, Any]:
         problems.append(f"{len(rank_files)} rank-state files for world_size {world_size}")
 
     files, total = _disk_usage(path)
+    recorded = None
+    if quarantined:  # why it was set aside, as recorded then (the run's events), else its name's slug
+        recorded = _quarantine_reasons(path.parent.parent).get(path.name) or set_aside_slug(path) or None
     return {
         "path": str(path),
         "step": step,
         "quarantined": quarantined,
+        "quarantine_reason": recorded,
         "verified": verified,
         "checksums": checksums,
         "reason": reason,

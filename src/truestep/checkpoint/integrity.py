@@ -9,7 +9,8 @@ A checkpoint verifies iff
    one of the files the manifest lists with its hash, so a storage path can never point at another
    step's shard, outside the directory, at a symlink or at a FIFO;
 3. its rank-state files agree with the directory: the step of every rank file is the step in the
-   directory name and in the marker, and the files are exactly the ranks of the recorded layout.
+   directory name and in the marker, and the files are exactly the ranks of the recorded layout; its save
+   record (when it has one) is well formed and records the same step.
 
 Every way a checkpoint can fail to parse or read is a verification failure of that checkpoint
 (`verification_problem`), never an exception for the caller.
@@ -25,6 +26,7 @@ from truestep.checkpoint.dcp_checks import storage_files
 from truestep.checkpoint.errors import CheckpointContentError
 from truestep.checkpoint.manifest import VerifyError, verify_files
 from truestep.checkpoint.safe_dcp import read_dcp_metadata
+from truestep.checkpoint.save_record import read_save_record
 from truestep.checkpoint.state import rank_state_problem
 from truestep.telemetry import startup
 
@@ -53,6 +55,7 @@ def _verify(ckpt_dir: Path, checksums: bool, items_on_read: bool) -> dict[str, A
     problem = rank_state_problem(ckpt_dir, step)
     if problem is not None:
         raise VerifyError(problem)
+    read_save_record(ckpt_dir)  # VerifyError when present and not this step's
     return manifest
 
 

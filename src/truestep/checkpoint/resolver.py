@@ -20,6 +20,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from truestep.checkpoint.catalog import (
     checkpoint_root,
@@ -42,6 +43,9 @@ from truestep.core.fsio import check_writable, make_dir
 from truestep.parallel.dist import DistContext, broadcast_int
 from truestep.telemetry.run_logs import RunLogs
 
+if TYPE_CHECKING:
+    from truestep.checkpoint.commit_protocol import CommitProtocol
+
 __all__ = ["CheckpointNotFound", "ResumeError"]
 
 NO_CHECKPOINT = -1
@@ -56,23 +60,21 @@ def quarantine_logged(ckpt_dir: Path, reason: str, logs: RunLogs) -> Path:
     return target
 
 
-def _set_aside_strays(root: Path, logs: RunLogs) -> None:
+def set_aside_strays(root: Path, logs: RunLogs) -> None:
     """Quarantine step-named entries that are not real directories (symlinks, files): never checkpoints."""
     for entry in stray_step_entries(root):
         quarantine_logged(entry, "not a real directory (a symlink or a file): never a checkpoint", logs)
 
 
-def pick_resume(root: Path, cfg: CheckpointConfig, logs: RunLogs) -> int:
-    """Rank-0 side: newest complete step, NO_CHECKPOINT, or NONE_VERIFIED."""
-    _set_aside_strays(root, logs)
-    candidates = step_dirs(root)
-    if candidates and not cfg.atomic_commit:
-        # Ablation: the naive rule "the directory exists, so it is complete".
-        return step_of(candidates[0]) or 0
+def pick_verified(root: Path, cfg: CheckpointConfig, logs: RunLogs) -> int:
+    """Rank-0 side of the commit protocol: the newest checkpoint that verifies (each one that fails
+    before it is quarantined), NONE_VERIFIED when committed work exists but none verifies, else
+    NO_CHECKPOINT."""
+    set_aside_strays(root, logs)
     quarantined: list[str] = []
-    for ckpt_dir in candidates:
+    for ckpt_dir in step_dirs(root):
         started = time.perf_counter()
-        # Shard bytes are hashed by the ranks that load them, as they load them (state.restore).
+        # Shard bytes are hashed by the ranks that load them, as they load them (checkpoint/restore.py).
         problem = verification_problem(ckpt_dir, cfg.verify_checksums, items_on_read=True)
         if problem is not None:
             quarantined.append(quarantine_logged(ckpt_dir, problem, logs).name)
@@ -85,15 +87,31 @@ def pick_resume(root: Path, cfg: CheckpointConfig, logs: RunLogs) -> int:
             verify_s=time.perf_counter() - started,
         )
         return step_of(ckpt_dir) or 0
-    if cfg.atomic_commit and ever_committed(root):
+    if ever_committed(root):
         return NONE_VERIFIED
+    return nothing_to_resume(root, quarantined, logs)
+
+
+def pick_resume(root: Path, cfg: CheckpointConfig, logs: RunLogs) -> int:
+    """Rank 0: the step a resume under `cfg`'s commit protocol would use (for callers without a chosen
+    set of mechanisms: tests, tools)."""
+    from truestep.checkpoint.mechanisms import choose  # mechanisms -> commit_protocol -> this module
+
+    return choose(cfg).commit.pick(root, cfg, logs)
+
+
+def nothing_to_resume(root: Path, quarantined_now: list[str], logs: RunLogs) -> int:
+    """NO_CHECKPOINT: nothing was ever committed. When something torn was set aside, say so."""
     held = quarantined_dirs(root)
     if held:
         reason = "no checkpoint was ever committed (no commit marker on disk); starting from step 0"
         logs.event(
-            "fresh_start", reason=reason, quarantined_now=quarantined, in_quarantine=[p.name for p in held]
+            "fresh_start",
+            reason=reason,
+            quarantined_now=quarantined_now,
+            in_quarantine=[p.name for p in held],
         )
-        print(f"truestep: {reason}; quarantined: {', '.join(quarantined) or 'earlier'}", file=sys.stderr)
+        print(f"truestep: {reason}; quarantined: {', '.join(quarantined_now) or 'earlier'}", file=sys.stderr)
     return NO_CHECKPOINT
 
 
@@ -130,7 +148,7 @@ def _check_writable(root: Path) -> None:
 def _set_aside_for_fresh_start(root: Path, cfg: CheckpointConfig, logs: RunLogs) -> int:
     """resume=false: refuse to write over another trajectory's committed checkpoints unless told to
     (`overwrite`), and then move them to superseded/ (kept) so no later resume mixes the two."""
-    _set_aside_strays(root, logs)
+    set_aside_strays(root, logs)
     committed = committed_dirs(root)
     if committed and not cfg.overwrite:
         raise ResumeError(
@@ -149,7 +167,9 @@ def _set_aside_for_fresh_start(root: Path, cfg: CheckpointConfig, logs: RunLogs)
     return NO_CHECKPOINT
 
 
-def resolve_start(root: Path, cfg: CheckpointConfig, ctx: DistContext, logs: RunLogs) -> Path | None:
+def resolve_start(
+    root: Path, cfg: CheckpointConfig, ctx: DistContext, logs: RunLogs, commit: CommitProtocol
+) -> Path | None:
     """Collective. Where this attempt starts: a checkpoint directory to resume from, or None (step 0).
     Raises ResumeError (on every rank) if starting is unsafe."""
 
@@ -157,7 +177,7 @@ def resolve_start(root: Path, cfg: CheckpointConfig, ctx: DistContext, logs: Run
         _check_writable(root)
         if not cfg.resume:
             return _set_aside_for_fresh_start(root, cfg, logs)
-        return pick_resume(root, cfg, logs)
+        return commit.pick(root, cfg, logs)
 
     choice = decide_on_rank0(decide, ctx)
     if choice == NONE_VERIFIED:
@@ -176,9 +196,11 @@ def resolve_start(root: Path, cfg: CheckpointConfig, ctx: DistContext, logs: Run
     return root / step_dir_name(choice)
 
 
-def resolve_rollback(root: Path, cfg: CheckpointConfig, ctx: DistContext, logs: RunLogs) -> Path:
+def resolve_rollback(
+    root: Path, cfg: CheckpointConfig, ctx: DistContext, logs: RunLogs, commit: CommitProtocol
+) -> Path:
     """Collective. The newest verified checkpoint for a NaN rollback; raises if there is none."""
-    choice = decide_on_rank0(lambda: pick_resume(root, cfg, logs), ctx)
+    choice = decide_on_rank0(lambda: commit.pick(root, cfg, logs), ctx)
     if choice < 0:
         raise ResumeError("rollback requested but there is no verified checkpoint to roll back to")
     return root / step_dir_name(choice)

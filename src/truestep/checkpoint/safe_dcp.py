@@ -26,6 +26,7 @@ it runs without a process group, around the calls that do so on purpose.
 from __future__ import annotations
 
 import io
+import logging
 import os
 import pickle
 import warnings
@@ -66,6 +67,27 @@ def silence_single_process_saves() -> None:
     intend, and an async save runs DCP on a writer thread, outside any `single_process()` scope (the
     warning landed inside the progress bar at every save). Process-wide, so called only there."""
     warnings.filterwarnings("ignore", message=SINGLE_PROCESS_WARNING)
+
+
+class OneLineDcpLogs(logging.Filter):
+    """DCP's loader logs a missing `.metadata` to the root logger with its whole traceback (`exc_info`)
+    before it goes on or raises; what truestep does about it is said by truestep (one line, the
+    traceback in events.jsonl). So a DCP record keeps its message and the exception's one line, and
+    loses the traceback: the console and the experiment's job logs hold no raw PyTorch traceback."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        err = record.exc_info[1] if record.exc_info else None
+        if err is not None and DCP_SOURCE in record.pathname.replace(os.sep, "/"):
+            first = str(err).splitlines()[0] if str(err) else ""
+            record.msg, record.args = f"{record.getMessage()} ({type(err).__name__}: {first})", None
+            record.exc_info, record.exc_text = None, None
+        return True
+
+
+DCP_SOURCE = "torch/distributed/checkpoint/"
+"""Where the records `OneLineDcpLogs` shortens come from."""
+_ONE_LINE = OneLineDcpLogs()
+logging.getLogger().addFilter(_ONE_LINE)  # DCP's state_dict_loader logs through the root logger
 
 
 @contextmanager

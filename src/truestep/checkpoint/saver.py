@@ -4,11 +4,13 @@ Order inside one save (docs/checkpointing.md):
   1. every rank writes its rank-state JSON (temp + fsync + rename);
   2. DCP writes every rank's shards and the `.metadata` (fsynced by the writer); with async save this
      overlaps training and runs on its own gloo group, because sharing the default group with FSDP's
-     collectives can deadlock;
+     collectives can deadlock; meanwhile rank 0 writes the save record (`save.json`: step, reason and
+     the parameter digest every rank's shards were hashed into, checkpoint/save_record.py);
   3. when DCP has finished on all ranks (its future resolves only after the coordinator gathered every
      rank's write results and wrote `.metadata`), rank 0 writes manifest.json (version 3: each rank
-     wrote its own manifest shard of the item digests it computed while writing; rank 0 lists the files
-     and the shards' SHA-256, gathered with the write results; nothing is read back) and then COMMITTED.
+     wrote its own manifest shard of the item digests it computed while writing; rank 0 lists the files,
+     the shards' SHA-256 and hashes the few small files it wrote itself, `.metadata` and `save.json`;
+     nothing else is read back) and then COMMITTED (the commit protocol: checkpoint/commit_protocol.py).
 A crash anywhere before 3 completes leaves a directory without a valid marker: never resumed from.
 """
 
@@ -27,7 +29,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
 
 from truestep.checkpoint.catalog import (
     LATEST,
@@ -35,15 +36,17 @@ from truestep.checkpoint.catalog import (
     set_aside_step,
     step_dir_name,
 )
-from truestep.checkpoint.manifest import VerifyError, write_marker
-from truestep.checkpoint.manifest_shards import ShardRecord, write_manifest_v3
+from truestep.checkpoint.commit_protocol import Publication
+from truestep.checkpoint.manifest_shards import ShardRecord
+from truestep.checkpoint.mechanisms import Mechanisms, choose
 from truestep.checkpoint.ownership import marker_identity, newer_own_commit, own_committed
 from truestep.checkpoint.safe_dcp import silence_single_process_saves, single_process
+from truestep.checkpoint.save_record import SaveRecord, write_save_record
 from truestep.checkpoint.shard_writer import ShardWriter
 from truestep.checkpoint.state import Checkpointable, write_rank_state
-from truestep.checkpoint.unstaged import mutate_in_place, unstaged_async_save
+from truestep.checkpoint.unstaged import mutate_in_place
 from truestep.config.schema import CheckpointConfig
-from truestep.core.errors import FencedError, RefusedError, os_error_line, storage_error
+from truestep.core.errors import FencedError, os_error_line, storage_error
 from truestep.core.fsio import atomic_write, make_dir
 from truestep.faults.hooks import fault_point
 from truestep.parallel.dist import DistContext
@@ -91,6 +94,7 @@ class Checkpointer:
         fence: Callable[[], None],
         incarnation: int,
         run_id: str = "",
+        mechanisms: Mechanisms | None = None,
     ) -> None:
         self.root = root
         self.cfg = cfg
@@ -101,12 +105,15 @@ class Checkpointer:
         self.incarnation = incarnation
         self.run_id = run_id
         """The run directory's identity (its lease's): markers record it; see checkpoint/ownership.py."""
+        self.mechanisms = mechanisms or choose(cfg)
+        """The variants this rank saves with (checkpoint/mechanisms.py); chosen from `cfg` when not given."""
         self.pending: PendingSave | None = None
         self._committer: threading.Thread | None = None
         self._commit_error: BaseException | None = None
         self.last_saved_step: int | None = None
         # A dedicated group keeps DCP's background collectives off FSDP's default group.
-        self.group = dist.new_group(backend="gloo") if self.ctx.distributed and self.cfg.async_save else None
+        async_write = self.mechanisms.write.is_async
+        self.group = dist.new_group(backend="gloo") if self.ctx.distributed and async_write else None
         if not self.ctx.distributed:
             silence_single_process_saves()
 
@@ -131,29 +138,23 @@ class Checkpointer:
         write_rank_state(ckpt_dir, self.ctx, states.rank_state(), self.trajectory_keys)
         state = states.dcp_state_dict(with_optimizer=True)
         writer = ShardWriter(ckpt_dir, step)
-        release: Callable[[], None] = lambda: None  # noqa: E731
         with single_process(), _writing(ckpt_dir):  # one process saves without a process group on purpose
-            if self.cfg.async_save and self.cfg.emulate_unstaged_async_save:
-                future, release = unstaged_async_save(state, writer)
-            elif self.cfg.async_save:
-                future = dcp.async_save(state, storage_writer=writer, process_group=self.group)
-            else:
-                dcp.save(state, storage_writer=writer)
-                future = Future()
-                future.set_result(None)
+            future, release = self.mechanisms.write.start(state, writer, self.group)
         param_digest = gather_digest(hashing.result(), self.ctx)  # before anything may change the state
+        if self.ctx.is_main:  # in the checkpoint: what its restore is checked against (save_record.py)
+            write_save_record(ckpt_dir, SaveRecord(step, reason, param_digest))
         # A `mutate` fault: the saved tensors change while the (async) write may still be reading them.
         fault_point("save:writing", step=step, mutate=lambda: mutate_in_place(state))
         release()
         self.last_saved_step = step
         self.pending = PendingSave(step, ckpt_dir, future, started, reason, writer)
-        if not self.cfg.async_save:
+        if not self.mechanisms.write.is_async:
             self.wait()
         self.logs.event(
             "checkpoint_save",
             step=step,
             reason=reason,
-            async_save=self.cfg.async_save,
+            async_save=self.mechanisms.write.is_async,
             blocking_s=time.perf_counter() - started,
             param_digest=param_digest,
         )
@@ -247,20 +248,16 @@ class Checkpointer:
 
     def _commit(self, pending: PendingSave) -> None:
         started = time.perf_counter()
-        if self.cfg.atomic_commit:
-            fault_point("save:before-manifest", step=pending.step)
-            try:
-                manifest = write_manifest_v3(pending.ckpt_dir, pending.step, self._digests(pending))
-            except VerifyError as err:  # a symlink or FIFO appeared among the files being committed
-                raise RefusedError(
-                    f"not committing {pending.ckpt_dir}: {err}; something other than this run writes into "
-                    "its checkpoint directory"
-                ) from err
-            fault_point("save:before-marker", step=pending.step)
-            self._check_fence()
-            writer = marker_identity(self.run_id, self.incarnation)
-            write_marker(pending.ckpt_dir, pending.step, manifest, self.incarnation, writer)
-            fault_point("save:after-marker", step=pending.step)
+        self.mechanisms.commit.publish(
+            Publication(
+                pending.ckpt_dir,
+                pending.step,
+                lambda: self._digests(pending),
+                self._check_fence,
+                marker_identity(self.run_id, self.incarnation),
+                self.incarnation,
+            )
+        )
         atomic_write(self.root / LATEST, (pending.ckpt_dir.name + "\n").encode())  # a hint only
         self.logs.event("checkpoint_commit", step=pending.step, commit_s=time.perf_counter() - started)
         self._retain()

@@ -1,45 +1,30 @@
-"""The rank-state file and the restore: everything beyond DCP that shapes the trajectory, per rank.
+"""The rank-state file: everything beyond DCP that shapes the trajectory, per rank.
 
 What is saved is handed over by the trainer through the `Checkpointable` protocol (the way torchtitan
 hands over `Stateful` objects): DCP-able weights and optimizer state, and a JSON-safe `RankState`
 (counters, data position, RNG streams). This module owns the `rankNNNNN.json` format around it (layout,
-trajectory config keys and fingerprint) and the restore policy: which ablation switches restore what,
-and what the RNG streams become on a layout change. Per-rank files because DCP keeps only one rank's
-copy of a non-DTensor value stored under a shared key.
+trajectory config keys and fingerprint); the restore is checkpoint/restore.py. Per-rank files because DCP
+keeps only one rank's copy of a non-DTensor value stored under a shared key.
 """
 
 from __future__ import annotations
 
-import enum
 import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from torch.distributed.checkpoint.api import CheckpointException
-
 from truestep.checkpoint.catalog import is_rank_state_name, rank_state_name
-from truestep.checkpoint.errors import ResumeError, TensorMismatchError
 from truestep.checkpoint.manifest import VerifyError, read_json
-from truestep.checkpoint.safe_dcp import load_dcp
-from truestep.config.fingerprint import diff_keys, fingerprint
-from truestep.config.schema import CheckpointConfig
-from truestep.core.errors import RefusedError
+from truestep.checkpoint.restored import RngPolicy
+from truestep.config.fingerprint import fingerprint
 from truestep.core.fsio import atomic_write
 from truestep.parallel.dist import DistContext
-from truestep.telemetry.run_logs import RunLogs
+
+__all__ = ["Checkpointable", "RankState", "RngPolicy", "SavedRankState"]
 
 RANK_STATE_FORMAT = "truestep-rank-state"
-
-
-class RngPolicy(enum.StrEnum):
-    RESTORED = "restored"
-    """Same layout: every rank gets its own saved streams back."""
-    REDERIVED = "rederived"
-    """Layout changed: streams re-derived from (seed, dp_rank, step); the old ones have no counterpart."""
-    FRESH_SEED = "fresh-seed"
-    """Ablation (restore_rng_state=false): seeded as at a fresh start."""
 
 
 @dataclass
@@ -54,6 +39,15 @@ class RankState:
     """Every RNG stream of the rank."""
 
 
+def rank_state_from(fields: dict[str, Any]) -> RankState:
+    """A RankState from its fields (`vars(state)`, as a memory snapshot keeps it); TypeError unless each
+    field is a JSON object."""
+    values = {name: fields.get(name) for name in ("train_state", "data_position", "rng")}
+    if not all(isinstance(v, dict) for v in values.values()):
+        raise TypeError("a rank state's train_state, data_position and rng must be JSON objects")
+    return RankState(**values)
+
+
 class Checkpointable(Protocol):
     """What a checkpoint saves and loads; the trainer implements it."""
 
@@ -64,6 +58,10 @@ class Checkpointable(Protocol):
     def rank_state(self) -> RankState: ...
 
     def load_rank_state(self, state: RankState, *, data_position: bool, rng: RngPolicy) -> None: ...
+
+    def param_digest(self) -> str:
+        """Collective: the digest of the parameters as they are now (telemetry/digest.py)."""
+        ...
 
 
 @dataclass
@@ -149,94 +147,3 @@ def rank_state_problem(ckpt_dir: Path, step: int | None) -> str | None:
             found = saved.state.train_state.get("step")
             return f"{rank_state_name(rank)} records step {found!r:.40}, the directory and marker say {step}"
     return None
-
-
-def _read_for_resume(ckpt_dir: Path, rank: int) -> SavedRankState:
-    try:
-        return read_rank_state(ckpt_dir, rank)
-    except VerifyError as err:
-        raise ResumeError(f"{ckpt_dir}: {err}") from err
-
-
-def check_config(saved: SavedRankState, current_keys: dict[str, Any], allow_change: bool) -> list[str]:
-    """Differences in trajectory-relevant keys; raises unless allowed."""
-    differences = diff_keys(saved.config_keys, current_keys)
-    if differences and not allow_change:
-        raise ResumeError(
-            "refusing to resume: the config differs from the checkpoint's in keys that change the "
-            "trajectory: " + "; ".join(differences) + ". Restore them, start a new run directory, or "
-            "pass --checkpoint.allow_config_change=true to resume anyway."
-        )
-    return differences
-
-
-def _raise_load_error(ckpt_dir: Path, err: BaseException) -> None:
-    """A failed load as the refusal it is: the checkpoint's own bytes (CheckpointContentError, raised
-    as is: the caller quarantines and falls back), a model that does not fit it, or an I/O error."""
-    if isinstance(err, RefusedError | OSError) and not isinstance(err, TensorMismatchError):
-        raise err
-    if isinstance(err, TensorMismatchError):
-        raise ResumeError(
-            f"{ckpt_dir} does not fit the configured model ({err}); the config changed in a way that changes "
-            "shapes: restore it or start a new run directory"
-        ) from err
-    raise ResumeError(
-        f"{ckpt_dir} cannot be loaded into the configured model: {type(err).__name__}: {err}"
-    ) from err
-
-
-def restore(
-    states: Checkpointable,
-    ckpt_dir: Path,
-    cfg: CheckpointConfig,
-    ctx: DistContext,
-    trajectory_keys: dict[str, Any],
-    logs: RunLogs,
-) -> dict[str, Any]:
-    """Collective. Restore everything the switches allow; return facts for the restore event."""
-    shared = _read_for_resume(ckpt_dir, 0)
-    differences = check_config(shared, trajectory_keys, cfg.allow_config_change)
-    same_layout = shared.layout == ctx.layout()
-
-    state = states.dcp_state_dict(with_optimizer=cfg.restore_optimizer_state)
-    weights_restored = True
-    try:
-        load_dcp(state, ckpt_dir, check_items=cfg.verify_checksums)  # each rank hashes what it reads
-    except (Exception, CheckpointException) as err:  # DCP's CheckpointException is a BaseException
-        if cfg.atomic_commit:
-            _raise_load_error(ckpt_dir, err)
-        # Ablation of atomic_commit: reproduce the naive trainer that trusts a torn directory, loads
-        # what is there and carries on (strict=False style). Loud in the event log, silent in training.
-        weights_restored = False
-        logs.event("naive_partial_restore", path=str(ckpt_dir), error=f"{type(err).__name__}: {err}")
-    if weights_restored:
-        states.load_dcp_state_dict(state)
-
-    if not cfg.restore_rng_state:
-        policy = RngPolicy.FRESH_SEED
-    elif same_layout:
-        policy = RngPolicy.RESTORED
-    else:
-        policy = RngPolicy.REDERIVED
-    mine = shared if ctx.rank == 0 or policy != RngPolicy.RESTORED else _read_for_resume(ckpt_dir, ctx.rank)
-    own = RankState(shared.state.train_state, shared.state.data_position, mine.state.rng)
-    try:
-        states.load_rank_state(own, data_position=cfg.restore_data_position, rng=policy)
-    except (KeyError, TypeError, ValueError, IndexError) as err:  # malformed streams or data position
-        if isinstance(err, RefusedError):
-            raise
-        refusal = ResumeError(
-            f"{ckpt_dir}: the rank state of rank {ctx.rank} does not load: {type(err).__name__}: {err}"
-        )
-        refusal.rank_local = True
-        raise refusal from err
-    return {
-        "step": shared.step,
-        "layout_changed": not same_layout,
-        "saved_layout": shared.layout,
-        "rng_policy": str(policy),
-        "config_differences": differences,
-        "restored_weights": weights_restored,
-        "restored_optimizer": cfg.restore_optimizer_state and weights_restored,
-        "restored_data_position": cfg.restore_data_position,
-    }

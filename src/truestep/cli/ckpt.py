@@ -113,9 +113,18 @@ def _list(args: argparse.Namespace) -> int:
 def _verify(args: argparse.Namespace) -> int:
     path = _checkpoint_dir(args.path)
     info = inspect_checkpoint(path, checksums=not args.no_checksums)
+    if info["quarantined"]:
+        # Moving it aside is what its marker now disagrees with; what matters is why it was moved.
+        why = info["quarantine_reason"] or "no reason recorded"
+        now = f"FAILED: {info['reason']}" if not info["verified"] else "it verifies as it is now"
+        print(
+            f"truestep ckpt verify: {path} (quarantined): set aside because: {why}; never resumed from "
+            f"(checked now: {now})",
+            file=sys.stderr,
+        )
+        return 1
     if not info["verified"]:
-        where = " (quarantined)" if info["quarantined"] else ""
-        print(f"truestep ckpt verify: {path}{where}: FAILED: {info['reason']}", file=sys.stderr)
+        print(f"truestep ckpt verify: {path}: FAILED: {info['reason']}", file=sys.stderr)
         return 1
     how = "sizes only; checksums not checked" if args.no_checksums else "sizes and SHA-256"
     print(f"OK {path}: step {info['step']}, {info['files']} files, {info['total_bytes']} bytes ({how})")

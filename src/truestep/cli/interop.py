@@ -139,6 +139,7 @@ def _export(argv: list[str]) -> int:
 
 def _import(argv: list[str]) -> int:
     from truestep.interop.hf import describe_model, import_hf
+    from truestep.interop.train_config import write_train_config
 
     args = _import_parser().parse_args(argv)
     from truestep.interop.hf_cache import resolve_model_dir
@@ -153,8 +154,14 @@ def _import(argv: list[str]) -> int:
     print(f"source dtypes: {', '.join(info['source_dtypes'])} (stored {stored})")
     ids = ", ".join(f"{key}={value}" for key, value in info["special_tokens"].items())
     print(f"tokenizer: {', '.join(info['tokenizer_files']) or 'none in the source directory'}; {ids}")
-    print("start a run from it with these model settings:")
-    print(f"  --checkpoint.init_from={args.out} " + " ".join(info["model_overrides"]))
+    if info["tokenizer_left_out"]:
+        print(
+            f"not kept: {', '.join(info['tokenizer_left_out'])} beside the model, without the tokenizer.json "
+            "they belong to (copy that tokenizer.json beside them and import again to keep them)"
+        )
+    written = write_train_config(Path(args.out), info["model"], str(args.hf_dir))
+    print(f"wrote {written}: the model settings and checkpoint.init_from; fine-tune it with")
+    print(f"  truestep train {written} --data.path=DIR --run.dir=runs/NAME")
     return 0
 
 

@@ -7,12 +7,12 @@ from pathlib import Path
 
 from truestep.config.load import load_config
 from truestep.config.validate import validate_layout
-from truestep.core.launch import Launch
+from truestep.core.launch import Launch, bounded_id
 from truestep.core.names import ENV_JOB_ID
 from truestep.core.rundir import check_run_dir
 from truestep.faults.optin import ALLOW_FLAG, faults_to_arm
 from truestep.faults.spec import parse_faults
-from truestep.resilience.supervisor import LaunchSpec, run_supervisor
+from truestep.supervisor.restart_loop import LaunchSpec, run_supervisor
 
 
 def launch_main(argv: list[str]) -> int:
@@ -61,7 +61,7 @@ def launch_main(argv: list[str]) -> int:
     validate_layout(cfg, args.nproc * args.nnodes)  # fail here, not in N children
     check_run_dir(Path(cfg.run.dir))  # before the supervisor writes its first event into it
     # The nodes of a multi-node job agree on their rendezvous: without an id given, that names the job.
-    job = args.job_id or launch.job_identity(
+    job = bounded_id(args.job_id) or launch.job_identity(
         f"{args.master_addr}:{args.master_port}" if args.nnodes > 1 else ""
     )
     spec = LaunchSpec(

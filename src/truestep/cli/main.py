@@ -22,6 +22,8 @@ commands:
   fidelity RUN --reference REF [--floor F ...]  trajectory fidelity of a run (exit 1: not preserving)
   goodput RUN [--reference REF [--floor F ...]]  correct goodput, badput, MTTR of a run
   report DIR                                 report.md + report.html for an experiment directory
+  audit --out DIR --logs FORMAT:PATH --fault SPEC [--repeats K] [--weights PATH] -- COMMAND ARGS...
+                                             does YOUR trainer resume correctly? (docs/audit.md)
   plan [--from RUN_OR_EXPERIMENT] [--config plan.toml] [--section.key=value ...]
                                              simulated goodput at a target size, and what buys it
   export CKPT --to hf|torch DEST [--dtype bf16]  consolidate a checkpoint for Hugging Face / plain torch
@@ -34,7 +36,7 @@ commands:
   prepare-data INPUT... --out DIR            tokenize a corpus (.txt .jsonl[.gz|.zst] .parquet, datasets dirs)
   config [CONFIG] [--section.key=value ...]  print the resolved config as TOML
   config --reference                         print the config reference (docs/config.md)
-  presets                                    list the built-in presets
+  presets                                    list the built-in presets with their sizes
 """
 
 
@@ -53,9 +55,15 @@ def _config_main(argv: list[str]) -> int:
 
 
 def _presets_main(argv: list[str]) -> int:
-    from truestep.config.load import preset_names
+    from truestep.config.load import load_config, preset_names
+    from truestep.model.llama import count_parameters
 
-    print("\n".join(preset_names()))
+    for name in preset_names():
+        m = load_config(name).model
+        shape = f"dim {m.dim}, {m.n_layers} layers, {m.n_heads} heads ({m.n_kv_heads or m.n_heads} kv), vocab {m.vocab_size}"
+        n = count_parameters(m)
+        size = f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.1f}M" if n >= 1e6 else f"{n / 1e3:.0f}K"
+        print(f"{name:<14} {size:>7} parameters  ({shape})")
     return 0
 
 
@@ -69,6 +77,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "goodput": ("truestep.cli.instrument", "goodput_main"),
     "report": ("truestep.cli.instrument", "report_main"),
     "demo": ("truestep.cli.instrument", "demo_main"),
+    "audit": ("truestep.cli.audit", "audit_main"),
     "plan": ("truestep.cli.plan", "plan_main"),
     "ckpt": ("truestep.cli.ckpt", "ckpt_main"),
     "export": ("truestep.cli.interop", "export_main"),

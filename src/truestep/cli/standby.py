@@ -1,7 +1,7 @@
 """`truestep standby FD CONFIG` (internal): a warm standby rank started by `truestep launch`.
 
 It prepares itself for CONFIG (train/warm.py), parks on the socket FD until the supervisor hands it a
-rank (resilience/handoff.py), then runs exactly what a fresh rank runs: `truestep train ...`.
+rank (supervisor/handoff.py), then runs exactly what a fresh rank runs: `truestep train ...`.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ def standby_main(argv: list[str]) -> int:
         print("usage: truestep standby FD CONFIG (started by truestep launch, not by hand)", file=sys.stderr)
         return 2
     from truestep.cli.main import main
-    from truestep.resilience.handoff import park
+    from truestep.supervisor.handoff import park
     from truestep.train.warm import warm_for
 
     rank_argv = park(int(argv[0]), lambda: warm_for(argv[1]))

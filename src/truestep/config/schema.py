@@ -74,7 +74,20 @@ class ParallelConfig:
     """Compute device: auto (cuda if available), cpu or cuda."""
     mixed_precision: bool = True
     """bf16 parameters with fp32 gradient reduction on CUDA, applied through FSDP2 (so only when dp > 1).
-    Ignored on CPU, which always runs fp32."""
+    On CPU only with mixed_precision_cpu."""
+    mixed_precision_cpu: bool = False
+    """Apply mixed_precision on CPU too (FSDP2's MixedPrecisionPolicy, as on CUDA: bf16 compute copies of
+    the parameters and bf16 activations, fp32 gradient reduction, fp32 master weights and optimizer state),
+    which roughly halves the activation memory. Needs FSDP (dp > 1): a single process is refused rather
+    than silently run in fp32. Off by default: fp32 CPU runs are the bitwise reference of every test.
+    Deterministic, so resumes stay bitwise; a different trajectory than fp32, so do not switch it in the
+    middle of a run."""
+    cpu_return_freed_memory: bool = True
+    """On CPU (Linux, glibc): give every allocation of 128 KiB or more its own mapping, so memory freed
+    after the backward goes back to the OS instead of staying in the heap as fragments (without it a
+    rank's resident set grew step after step, to 20 % above its live tensors: benchmarks/README.md,
+    "Memory"). The measured peak then matches the memory estimate. Costs the page faults of fresh
+    memory each step. Not part of the numerics."""
     num_threads: int = 1
     """CPU threads per process. Part of the numerics on CPU: keep it the same across resumes."""
     init_timeout_s: float = 600.0
@@ -143,6 +156,18 @@ class TrainConfig:
     """Emulation of a wrong restore, for measuring the instrument's detection power: after every
     checkpoint restore, every parameter element p becomes p * (1 + d * e), e ~ N(0, 1) from OS entropy.
     d is the relative error. 0 = off (never set it in a real run)."""
+    activation_checkpointing: str = "none"
+    """Recompute activations in the backward instead of keeping them (model/recompute.py): none; full
+    (every transformer block keeps only its input and recomputes the rest: least memory, about one
+    extra forward per step); selective (every other block, 0, 2, 4, ...: about half of each). The
+    embedding, final norm and output projection are never recomputed. Bitwise the same trajectory as
+    none on a deterministic platform, so it may change between resumes."""
+    memory_check: bool = True
+    """Before building the model, estimate this rank's peak memory (parallel/memory.py: parameters,
+    gradients, optimizer state, activations at this layout), log it (event memory_estimate, one console
+    line) and refuse the job (exit 2) when the ranks on this host would need more than the host's
+    available memory (MemAvailable) or, on CUDA, more than the GPU's free memory. Off = estimate and log
+    only (for an estimate you know to be pessimistic)."""
 
     def micro_batch(self, dp: int) -> int:
         """Samples per forward/backward on one data-parallel rank: micro_batch_size, or with 0 the
@@ -162,6 +187,11 @@ class OptimConfig:
     """AdamW epsilon."""
     weight_decay: float = 0.1
     """AdamW decoupled weight decay."""
+    foreach: bool = True
+    """AdamW's multi-tensor (foreach) update: fastest, but it allocates one temporary as large as this
+    rank's parameters at every update, often the peak of a large model's step. false updates parameter
+    by parameter (the temporary is one parameter's size: about 4 bytes per parameter less at the peak)
+    at some speed cost. Part of the trajectory (a different summation order may round differently)."""
 
 
 @dataclass
@@ -211,7 +241,7 @@ class CheckpointConfig:
     """Initial weights (a truestep checkpoint directory) for a fresh run; ignored when resuming."""
     verify_restored_digest: bool = True
     """Mechanism switch: after a restore into the layout that saved the checkpoint, the parameter digest of
-    the restored model must equal the one recorded at save (events.jsonl, checkpoint_save); a mismatch
+    the restored model must equal the one the save recorded in the checkpoint (its save.json); a mismatch
     is a failed restore (quarantined, the next older checkpoint is tried). Costs one SHA-256 pass over
     the local parameter shards per restore."""
     emulate_unstaged_async_save: bool = False
@@ -240,7 +270,15 @@ class ResilienceConfig:
     In [1, 254]; neither it nor it + 1 (the forced exit) may be another truestep exit code."""
     exit_deadline_s: float = 90.0
     """After a preemption signal, exit hard (code requeue_exit_code + 1) if the graceful path has not
-    finished within this many seconds. Must be below scheduler_lead_time_s."""
+    finished within this many seconds, or within the allowance exit_deadline_multiple gives, if longer.
+    Must be below scheduler_lead_time_s."""
+    exit_deadline_multiple: float = 2.0
+    """The graceful-stop deadline grows with the job: a signal gets max(exit_deadline_s, this x (the
+    longest step + the longest checkpoint save, written and committed, this rank has measured)), since
+    the graceful path finishes the step under way and then saves. With 110 s steps a fixed 90 s ended
+    in a forced exit and a torn checkpoint. When the allowance passes scheduler_lead_time_s the run says
+    so once (event exit_deadline_beyond_lead_time): ask the scheduler for an earlier warning. 0 =
+    exit_deadline_s alone."""
     scheduler_lead_time_s: float = 120.0
     """How long before the kill the scheduler's warning arrives (SLURM --signal=...@N); validated against
     exit_deadline_s."""
@@ -262,6 +300,12 @@ class ResilienceConfig:
     """Seconds between heartbeats (written by a thread that does not wait for the training loop)."""
     liveness_timeout_s: float = 5.0
     """Supervisor: a rank whose heartbeat is this stale is hung or stopped (e.g. SIGSTOP)."""
+    process_watch: bool = True
+    """Mechanism switch: the supervisor also watches each rank from outside its interpreter, in
+    /proc/PID/stat: a stopped process (SIGSTOP) is declared after liveness_timeout_s in every phase (also
+    while importing torch, when its heartbeat cannot beat), one asleep with no CPU progress before its
+    first beat or while loading likewise, and time a rank waited for a CPU does not count against its
+    start-up. Linux only: without /proc the heartbeat rules stand alone. Off = heartbeats alone."""
     hang_timeout_s: float = 10.0
     """Supervisor: a rank whose step has not advanced for this long while training (not while starting,
     checkpointing or restoring) is declared hung, unless hang_step_multiple allows longer. Until the
@@ -302,6 +346,22 @@ class ResilienceConfig:
     a changed layout): the largest |loss difference| of a replayed step that still counts as the same
     trajectory (e.g. the floor measured by `truestep experiment`). 0 = none: the deviation is reported
     without a verdict (resume_unverified)."""
+    snapshot_every_steps: int = 0
+    """Mechanism switch, 0 = off (the default): every this many steps each rank copies its whole
+    trajectory state (parameter and optimizer shards, RNG streams, data position, counters) into host
+    memory in the background, and a copy reaches snapshot_replicas buddy ranks; a failed rank is then
+    restored from its buddy's memory and the survivors from their own, losing at most this many steps
+    (checkpoint/memory/, docs/resilience.md). Off by default because it costs host memory:
+    2 x (1 + snapshot_replicas) x the rank's state (double-buffered), checked at start."""
+    snapshot_replicas: int = 1
+    """How many buddy ranks hold a copy of each rank's snapshot (on another node when there are several);
+    capped at world_size - 1. A rank and all its buddies lost together recover from disk."""
+    snapshot_dir: str = ""
+    """Where snapshots live in host memory: a tmpfs directory ("" = /dev/shm/truestep-snapshots). Each
+    host's part is its own (the host name is in the path)."""
+    snapshot_memory_fraction: float = 0.5
+    """Refuse at start (exit 2) when the snapshots would need more than this fraction of the host memory
+    available to them (the free space of snapshot_dir's filesystem and MemAvailable, the smaller)."""
 
     def signal_names(self) -> list[str]:
         """`signals` split into names (checked against PREEMPTION_SIGNALS by config.validate)."""
@@ -310,6 +370,17 @@ class ResilienceConfig:
     def preemption_signals(self) -> list[signal.Signals]:
         """The signals that mean "preemption coming"."""
         return [signal.Signals[name] for name in self.signal_names()]
+
+    def exit_allowance(self, longest_step_s: float, longest_save_s: float) -> tuple[float, str]:
+        """How long the graceful path after a preemption signal may take before the forced exit, given
+        the longest step and save measured, and which rule set it."""
+        scaled = self.exit_deadline_multiple * (longest_step_s + longest_save_s)
+        if scaled > self.exit_deadline_s:
+            return scaled, (
+                f"resilience.exit_deadline_multiple={self.exit_deadline_multiple:g} x (the longest step, "
+                f"{longest_step_s:.1f}s, + the longest save, {longest_save_s:.1f}s)"
+            )
+        return self.exit_deadline_s, f"resilience.exit_deadline_s={self.exit_deadline_s:g}"
 
     def hang_allowance(self, longest_step_s: float) -> tuple[float, str]:
         """How long a training step may take before it is declared hung, given the longest step seen,
@@ -326,14 +397,48 @@ class ResilienceConfig:
 @dataclass
 class MetricsConfig:
     log_every: int = 1
-    """Console progress update interval in steps (metrics.jsonl always gets every step)."""
+    """Console progress interval in steps: the bar's postfix, or one plain line (metrics.jsonl always gets
+    every step)."""
     progress: bool = True
-    """Show a progress bar on the console (rank 0)."""
+    """Show a progress bar on the console (rank 0), only when stderr is a terminal: in a log file a bar
+    is a line of carriage returns. Elsewhere (or off) the console gets plain step lines (step_lines)."""
+    step_lines: bool = True
+    """When no progress bar is drawn: one plain line on stderr every log_every steps (and at the last):
+    step, loss, lr, grad norm, tokens/s, peak memory, and MFU where the device's peak is known."""
+    banner: bool = True
+    """Say what trains at the start, on stderr (model, layout, data, where the weights came from, the
+    memory estimate); the run_start event has it all anyway."""
     narrate: bool = True
     """Say each recovery event on stderr as one line (preempted, saved, resuming from, quarantined,
     failure detected, restarting, the exit code and what to run next); the event log has them anyway."""
     tensorboard: bool = False
     """Also write the step scalars as TensorBoard event files under <run.dir>/tb."""
+    wandb: str = "off"
+    """Also log the step scalars and evaluations to Weights & Biases: off, offline (files under
+    <run.dir>/wandb, no network or account needed; `wandb sync` them later) or online. Needs the optional
+    package (pip install 'truestep[wandb]'); without it the run is refused (exit 2). Each attempt is one
+    W&B run, grouped by the run directory."""
+    wandb_project: str = "truestep"
+    """The W&B project the runs are logged to."""
+
+
+@dataclass
+class EvalConfig:
+    every_steps: int = 0
+    """Evaluate the held-out loss and perplexity every this many steps (events.jsonl `eval`, one console
+    line, TensorBoard eval/*, W&B); 0 = never. Evaluation draws no random numbers and leaves the model in
+    training mode, so the trajectory is the same with or without it."""
+    path: str = ""
+    """The held-out data: a directory prepared by `truestep prepare-data` from text the run does not
+    train on (a second source, e.g. a split kept aside before preparing), with the training data's
+    tokenizer. Required when every_steps > 0."""
+    samples: int = 64
+    """Windows of data.seq_len tokens evaluated each time: always the first `samples` windows of `path`,
+    in order, split evenly across the data-parallel ranks (so it must be a multiple of dp). The same
+    text every time, so a resumed run's evaluation at a step is bitwise the one an uninterrupted run
+    made there (on a deterministic platform, same layout)."""
+    batch_size: int = 8
+    """Windows per forward pass on one rank while evaluating."""
 
 
 @dataclass
@@ -369,6 +474,8 @@ class JobConfig:
     """Preemption signals, NaN guard, heartbeats and timeouts (with their switches)."""
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     """Logging."""
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    """Held-out evaluation."""
     run: RunConfig = field(default_factory=RunConfig)
     """Run directory and name."""
 
@@ -378,6 +485,9 @@ PREEMPTION_SIGNALS = ("SIGTERM", "SIGUSR1", "SIGUSR2", "SIGINT", "SIGHUP")
 
 # Keys whose change alters the trajectory; resume refuses a mismatch unless allowed.
 # Layout (parallel.*) is deliberately absent: resharded resume is supported.
+ACTIVATION_CHECKPOINTING = ("none", "full", "selective")
+"""The values of train.activation_checkpointing (model/recompute.py)."""
+
 TRAJECTORY_SECTIONS = ("model", "data", "optim", "schedule")
 TRAJECTORY_KEYS = (
     "train.seed",

@@ -16,7 +16,7 @@ import math
 from typing import Any
 
 from truestep.config.errors import ConfigError
-from truestep.config.schema import PREEMPTION_SIGNALS, JobConfig, ModelConfig
+from truestep.config.schema import ACTIVATION_CHECKPOINTING, PREEMPTION_SIGNALS, JobConfig, ModelConfig
 from truestep.core.errors import ExitCode
 
 INT64_MAX = 2**63 - 1
@@ -135,6 +135,14 @@ def validate(cfg: JobConfig) -> None:
         f"parallel.tp={p.tp} must divide model.vocab_size={m.vocab_size} (embedding and output are sharded)",
     )
     _require(t.micro_batch_size >= 0, "train.micro_batch_size must be >= 0 (0 = no accumulation)")
+    _require(
+        t.activation_checkpointing in ACTIVATION_CHECKPOINTING,
+        f"train.activation_checkpointing must be {'|'.join(ACTIVATION_CHECKPOINTING)}, got {t.activation_checkpointing!r}",
+    )
+    _require(
+        p.mixed_precision or not p.mixed_precision_cpu,
+        "parallel.mixed_precision_cpu=true needs parallel.mixed_precision=true (it applies that policy on CPU)",
+    )
     _require(t.stop_at_step >= 0, "train.stop_at_step must be >= 0 (0 = no early stop)")
     _require(t.seed >= 0 and d.data_seed >= 0, "train.seed and data.data_seed must be >= 0")
     _validate_sources(cfg)
@@ -185,6 +193,15 @@ def validate(cfg: JobConfig) -> None:
     )
     _require(r.nan_rollback_after >= 0, "resilience.nan_rollback_after must be >= 0 (0 = never roll back)")
     _require(
+        r.snapshot_every_steps >= 0 and r.snapshot_replicas >= 1,
+        f"resilience.snapshot_every_steps={r.snapshot_every_steps} must be >= 0 (0 = off) and "
+        f"resilience.snapshot_replicas={r.snapshot_replicas} >= 1",
+    )
+    _require(
+        math.isfinite(r.snapshot_memory_fraction) and 0 < r.snapshot_memory_fraction <= 1,
+        f"resilience.snapshot_memory_fraction={r.snapshot_memory_fraction} must be in (0, 1]",
+    )
+    _require(
         1 <= r.requeue_exit_code <= 254
         and not {r.requeue_exit_code, r.requeue_exit_code + 1} & RESERVED_EXIT_CODES,
         f"resilience.requeue_exit_code={r.requeue_exit_code} must be in [1, 254], and neither it nor it + 1 (the "
@@ -194,6 +211,11 @@ def validate(cfg: JobConfig) -> None:
         math.isfinite(r.hang_step_multiple) and r.hang_step_multiple >= 0,
         f"resilience.hang_step_multiple={r.hang_step_multiple} must be a finite number >= 0 (0 = "
         "resilience.hang_timeout_s alone)",
+    )
+    _require(
+        math.isfinite(r.exit_deadline_multiple) and r.exit_deadline_multiple >= 0,
+        f"resilience.exit_deadline_multiple={r.exit_deadline_multiple} must be a finite number >= 0 (0 = "
+        "resilience.exit_deadline_s alone)",
     )
     _require(
         r.exit_deadline_s > 0 and r.scheduler_lead_time_s > 0,
@@ -225,6 +247,20 @@ def validate(cfg: JobConfig) -> None:
     _require(c.keep_last_n >= 0, "checkpoint.keep_last_n must be >= 0 (0 keeps all)")
     _require(c.keep_quarantined >= 0, "checkpoint.keep_quarantined must be >= 0 (0 keeps all)")
     _require(cfg.metrics.log_every >= 1, "metrics.log_every must be >= 1")
+    e = cfg.eval
+    _require(
+        e.every_steps >= 0 and e.samples > 0 and e.batch_size > 0,
+        "eval.every_steps must be >= 0 (0 = never), eval.samples and eval.batch_size positive",
+    )
+    _require(
+        e.every_steps == 0 or e.path.strip() != "",
+        f"eval.every_steps={e.every_steps} needs eval.path: a directory prepared with `truestep prepare-data` "
+        "from held-out text",
+    )
+    _require(
+        cfg.metrics.wandb in ("off", "offline", "online"),
+        f"metrics.wandb must be off|offline|online, got {cfg.metrics.wandb!r}",
+    )
 
 
 _ROPE_SCALING_KEYS = (

@@ -195,7 +195,8 @@ def storage_error(err: BaseException, doing: str = "") -> StorageError | None:
 def expected_failure(err: BaseException) -> tuple[int, str] | None:
     """(exit code, one line) when `err` is expected bad input or a refusing filesystem, else None (a bug,
     which keeps its traceback). A TruestepError anywhere in the chain counts, so does an OSError: a full
-    disk is exit 6 and says "no space left on device: PATH", any other I/O error exit 1 and its reason."""
+    disk is exit 6 and says "no space left on device: PATH", a symlink or FIFO where truestep reads or
+    writes exit 3 (`UnsafePathError`), any other I/O error exit 1 and its reason."""
     if isinstance(err, TruestepError):
         return int(err.exit_code), str(err)
     storage = storage_error(err)
@@ -205,9 +206,18 @@ def expected_failure(err: BaseException) -> tuple[int, str] | None:
     if wrapped is not None:
         return int(wrapped.exit_code), str(wrapped)
     found = os_error_in(err)
+    if isinstance(found, UnsafePathError):
+        return int(ExitCode.REFUSED), f"refused: {os_error_line(found)}"
     if found is not None:
         return int(ExitCode.FAILURE), f"I/O error: {os_error_line(found)}"
     return None
+
+
+class UnsafePathError(OSError):
+    """A path truestep was about to read or write through is a symlink or not what it must be (a FIFO, a
+    device, a file where a directory belongs): refused input (exit 3), however late in a run it is found --
+    at start the same state is refused by the run directory check (core/rundir.py), and a retry cannot
+    change it (exit 1 would be requeued forever). Raised by core/fsio.py."""
 
 
 class NodeLostError(TruestepError):

@@ -15,6 +15,7 @@ file is expected would otherwise block the reader forever, and a device (`/dev/z
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import hashlib
@@ -25,13 +26,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
-from truestep.core.errors import RefusedError
+from truestep.core.errors import RefusedError, UnsafePathError  # UnsafePathError: exit 3, with the codes
+from truestep.core.writer_temps import sweep_dead_temps, temp_prefix
 
 CHUNK = 8 << 20
-
-
-class UnsafePathError(OSError):
-    """A path truestep was about to read or write through is a symlink or not a regular file."""
 
 
 class OversizeFileError(ValueError):
@@ -120,8 +118,11 @@ def fsync_dir(path: Path) -> None:
 
 def atomic_write(path: Path, data: bytes, durable: bool = True, mode: int = 0o644) -> None:
     """Replace `path` with `data` all at once: readers see the old or the new file, never a torn one.
-    The file is created 0600 and only then given `mode`: a secret (mode 0600) is never readable by others."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    The file is created 0600 and only then given `mode`: a secret (mode 0600) is never readable by others.
+    The temp file is named after its writer, and the first write of `path` by a process removes the temp
+    files dead writers of `path` left (core/writer_temps.py)."""
+    sweep_dead_temps(path)
+    fd, tmp = tempfile.mkstemp(prefix=temp_prefix(path), suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
@@ -135,6 +136,34 @@ def atomic_write(path: Path, data: bytes, durable: bool = True, mode: int = 0o64
         raise
     if durable:
         fsync_dir(path.parent)
+
+
+def replace_in_own_dir(path: Path, data: bytes) -> None:
+    """`atomic_write` (not durable) for a file in a directory truestep made and keeps writing into while
+    others may change the run directory (heartbeats): the directory itself is opened without following a
+    symlink, and the temp file and the rename are relative to that descriptor, so a directory swapped for
+    a link to elsewhere mid-run is refused (UnsafePathError), never written through."""
+    try:
+        dir_fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as err:
+        if err.errno in (errno.ELOOP, errno.ENOTDIR):
+            raise UnsafePathError(err.errno, "refusing a directory that is a symlink or not a directory",
+                                  str(path.parent)) from None  # fmt: skip
+        raise
+    try:
+        temp = f".{path.name}.{os.urandom(6).hex()}.tmp"
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        fd = os.open(temp, flags, 0o644, dir_fd=dir_fd)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            os.replace(temp, path.name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(temp, dir_fd=dir_fd)
+            raise
+    finally:
+        os.close(dir_fd)
 
 
 def open_append(path: Path) -> int:
@@ -159,7 +188,8 @@ def write_new_file(path: Path, write: Callable[[IO[bytes]], None]) -> None:
         raise RefusedError(
             f"{path} already exists; refusing to overwrite it (remove it or choose another name)"
         )
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    sweep_dead_temps(path)
+    fd, tmp = tempfile.mkstemp(prefix=temp_prefix(path), suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
             write(f)
@@ -212,8 +242,14 @@ def sha256_file(path: Path) -> str:
 
 
 def make_dir(path: Path) -> None:
-    """mkdir -p that refuses to create inside, or accept as the directory, a symlink."""
-    path.mkdir(parents=True, exist_ok=True)
+    """mkdir -p that refuses to create inside, or accept as the directory, a symlink or something else
+    that is not a directory (UnsafePathError, exit 3)."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:  # a file, a FIFO, a link to one: not the directory truestep writes into
+        raise UnsafePathError(
+            errno.ENOTDIR, "refusing a directory that is not a directory", str(path)
+        ) from None
     if path.is_symlink():
         raise UnsafePathError(errno.ELOOP, "refusing a directory that is a symlink", str(path))
 

@@ -9,7 +9,7 @@ traceback or a silent default.
 Where a record comes from:
 - `truestep launch` (the supervisor, also under SLURM): `Launch.for_rank` per rank and attempt; the
   rank's environment is the supervisor's plus `to_env()`, and a warm standby is handed the record whole
-  (resilience/standby.py, resilience/handoff.py).
+  (supervisor/standby.py, supervisor/handoff.py).
 - torchrun, or a plain `truestep train`: `from_env` builds it from torchrun's RANK/WORLD_SIZE/... and
   the scheduler's SLURM_JOB_ID/SLURM_RESTART_COUNT; `attempt` is None and rank 0 begins one itself.
 
@@ -20,6 +20,7 @@ record before torch is imported.
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 import socket
@@ -68,6 +69,22 @@ _ENV_NAMES = {
     "debug": ENV_DEBUG,
 }
 """Launch field -> the environment variable that carries it."""
+
+ID_LIMIT = 128
+"""The longest job id or launch generation kept as it is. They are stored in the lease (a control file of
+at most 64 KiB), the node link's hello (4 KiB) and every event: a longer one is kept as its first 48
+characters and a SHA-256 (`bounded_id`), the same on every node, so a 100 KB id cannot make a supervisor
+refuse its own lease."""
+
+
+def bounded_id(text: str) -> str:
+    """`text` when it is at most ID_LIMIT printable characters, else its first 48 printable characters,
+    `~` and 32 hex digits of its SHA-256: distinct ids stay distinct, and the result maps to itself."""
+    if len(text) <= ID_LIMIT and text.isprintable():
+        return text
+    head = "".join(ch for ch in text[:48] if ch.isprintable())
+    return f"{head}~{hashlib.sha256(text.encode('utf-8', 'surrogateescape')).hexdigest()[:32]}"
+
 
 PER_ATTEMPT = ("attempt", "master_port", "config_file", "config_sha256")
 """The fields that change from one attempt of a rank slot to the next (a warm standby learns them at its
@@ -123,7 +140,7 @@ class Launch:
     def job_identity(self, fallback: str = "") -> str:
         """The job's identity: the record's (TRUESTEP_JOB_ID, else SLURM_JOB_ID), else `fallback`, else
         one unique to this process (a second such process is another job)."""
-        return self.job or fallback or f"{socket.gethostname()}:{os.getpid()}:{time.time():.6f}"
+        return bounded_id(self.job or fallback or f"{socket.gethostname()}:{os.getpid()}:{time.time():.6f}")
 
     def with_faults(self, more: list[str]) -> Launch:
         """This record with `more` fault specs (`--fault`) armed after its own."""
@@ -169,8 +186,8 @@ class Launch:
             master_addr=env.get(MASTER_ADDR, ""),
             master_port=_int(env, MASTER_PORT, 0),
             attempt=_int(env, ENV_ATTEMPT, None),
-            job=env.get(ENV_JOB_ID) or env.get(SLURM_JOB_ID) or "",
-            generation=env.get(ENV_JOB_GENERATION) or env.get(SLURM_RESTART_COUNT) or "0",
+            job=bounded_id(env.get(ENV_JOB_ID) or env.get(SLURM_JOB_ID) or ""),
+            generation=bounded_id(env.get(ENV_JOB_GENERATION) or env.get(SLURM_RESTART_COUNT) or "0"),
             job_start=_float(env, ENV_JOB_START),
             supervisor_pid=_int(env, ENV_SUPERVISOR_PID, None, low=1),
             run_dir=env.get(ENV_RUN_DIR, ""),

@@ -26,7 +26,7 @@ LEASE_FILE = "lease.json"
 LEASE_LOCK_FILE = ".lease.lock"
 """flock'ed around every read-modify-write of the lease."""
 LINK_KEY_FILE = "node-link.key"
-"""The secret of this launch's node link (0600, written by node 0): resilience/link_auth.py."""
+"""The secret of this launch's node link (0600, written by node 0): supervisor/link_auth.py."""
 ATTEMPTS_DIR = "attempts"
 """Per-attempt files the supervisor hands to its ranks (the resolved config)."""
 TENSORBOARD_DIR = "tb"
@@ -43,6 +43,25 @@ def heartbeat_path(run_dir: Path, rank: int) -> Path:
 
 def attempt_config_path(run_dir: Path, attempt: int, node: int) -> Path:
     return run_dir / ATTEMPTS_DIR / f"attempt{attempt:05d}-node{node}.toml"
+
+
+# ---------------------------------------------------------------- host memory (resilience.snapshot_*)
+SNAPSHOT_ROOT_DEFAULT = "/dev/shm/truestep-snapshots"
+"""Where in-memory snapshots live when resilience.snapshot_dir is not set: tmpfs, i.e. host memory that
+outlives a rank's process but not its host (checkpoint/memory/)."""
+SNAPSHOT_HOLDER_DIR = "rank{rank:05d}"
+"""One rank's snapshot memory on its host: its own copies and the copies it holds for its peers."""
+
+
+def snapshot_host_dir(root: Path, run_id: str, host: str) -> Path:
+    """This host's snapshot memory of the run `run_id` (a host's memory is its own: the host name is part
+    of the path, so nodes that share a filesystem, as in the namespace test cluster, share nothing)."""
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in host).strip(".") or "host"
+    return root / run_id / safe
+
+
+def snapshot_holder_dir(root: Path, run_id: str, host: str, rank: int) -> Path:
+    return snapshot_host_dir(root, run_id, host) / SNAPSHOT_HOLDER_DIR.format(rank=rank)
 
 
 # ---------------------------------------------------------------- environment

@@ -8,25 +8,15 @@ tokenizer.json when it says, else whether the tokenizer's own post-processor put
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 from truestep.data.errors import DataError
 from truestep.data.tokenizer import TOKENIZER_CONFIG, ByteTokenizer, HFTokenizer
 
 BOS_MODES = ("auto", "always", "never")
 
 
-def _config_add_bos(tokenizer_json: Path) -> bool | None:
+def _config_add_bos(tok: HFTokenizer) -> bool | None:
     """`add_bos_token` from tokenizer_config.json beside the tokenizer, when it is there and a boolean."""
-    path = tokenizer_json.parent / TOKENIZER_CONFIG
-    if not path.is_file():
-        return None
-    try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise DataError(f"cannot read {path}: {e}") from e
-    value = config.get("add_bos_token") if isinstance(config, dict) else None
+    value = tok.config.get("add_bos_token")
     return value if isinstance(value, bool) else None
 
 
@@ -54,7 +44,7 @@ def resolve_bos(tok: ByteTokenizer | HFTokenizer, mode: str) -> int | None:
                 "the usual names in the vocabulary)"
             )
         return tok.bos_id
-    wanted = _config_add_bos(tok.path)
+    wanted = _config_add_bos(tok)
     if wanted is None:
         wanted = _post_processor_adds_bos(tok)
     if wanted and tok.bos_id is None:

@@ -19,6 +19,7 @@ import numpy as np
 from truestep.data.errors import DataError
 from truestep.data.native import native_calls
 from truestep.data.readers import ARROW, DOCS, LINES, PROBLEM, Chunk
+from truestep.data.tokenizer_guard import check_tokenizer_definition
 
 BAD_CLASSES = (
     "malformed_json",
@@ -29,6 +30,8 @@ BAD_CLASSES = (
     "truncated",
     "missing_column",
     "unreadable",
+    "too_long",
+    "decompression_bound",
 )
 """The bad-input classes `--skip-bad` counts in meta.json (`skipped`)."""
 EXAMPLES_KEPT = 20
@@ -74,6 +77,7 @@ class Encoder:
         if spec.tokenizer_json is not None:
             import tokenizers
 
+            check_tokenizer_definition(spec.tokenizer_json, "tokenizer.json")  # checked where it is loaded
             self.tok = tokenizers.Tokenizer.from_str(spec.tokenizer_json)
 
     def encode(self, chunk: Chunk) -> ChunkResult:
@@ -226,7 +230,7 @@ def init_worker(spec: EncoderSpec, in_subprocess: bool = True) -> None:
     """Per process: one tokenizer, used single-threaded (the parallelism is the worker processes)."""
     global _ENCODER
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
-    if in_subprocess:
+    if in_subprocess:  # it dies with its parent: data/pipeline.py (core/parent_death.py)
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's to handle
     _ENCODER = Encoder(spec)
 

@@ -16,18 +16,19 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from truestep.data.atomic import atomic_write_bytes
 from truestep.data.bos import resolve_bos
-from truestep.data.encode import EXAMPLES_KEPT, EncoderSpec, encode_chunk, init_worker
+from truestep.data.encode import EXAMPLES_KEPT, Encoder, EncoderSpec, encode_chunk, init_worker
 from truestep.data.errors import DataError
 from truestep.data.inputs import InputFile, expand_inputs
-from truestep.data.journal import Counters, Journal, read_journal, write_journal
+from truestep.data.journal import Counters, Journal, read_journal, tail_problem, write_journal
 from truestep.data.meta import FORMAT, JOURNAL_NAME, META_NAME, VERSION, dtype_for_vocab
 from truestep.data.outdir import ShardWriter, claim_out_dir, is_replaceable_dir
 from truestep.data.pipeline import ordered_map
 from truestep.data.readers import CHUNK_BYTES, Chunk, Cursor, read_chunks
-from truestep.data.tokenizer import ByteTokenizer, load_tokenizer
+from truestep.data.tokenizer import HFTokenizer, load_tokenizer
 from truestep.data.tokenizer_files import TOKENIZER_JSON, read_tokenizer_files, write_tokenizer_files
 
 __all__ = ["DEFAULT_SHARD_TOKENS", "PrepareProgress", "is_replaceable_dir", "prepare_data"]
@@ -58,8 +59,16 @@ def _settings(inputs: list[InputFile], spec: EncoderSpec, shard_tokens: int, tok
     }
 
 
-def _start(out_dir: Path, settings: dict, resume: bool, log: Callable[[str], None]) -> Journal | None:
-    """Claim `out_dir`; the journal of an interrupted run with the same settings, if resuming."""
+def _describe(chunk: Chunk) -> str:
+    """A chunk in a worker's last words: its file and first line (JSONL) or row (Arrow)."""
+    return f"{chunk.where} (from line/row {chunk.first})"
+
+
+def _start(
+    out_dir: Path, settings: dict, resume: bool, log: Callable[[str], None], reread: Callable[[Cursor], Any]
+) -> Journal | None:
+    """Claim `out_dir`; the journal of an interrupted run with the same settings, if resuming and it holds
+    (data/journal.py: its shards, and `reread(cursor)`, the tokens at its position, checked)."""
     journal = None
     if (
         resume
@@ -68,15 +77,31 @@ def _start(out_dir: Path, settings: dict, resume: bool, log: Callable[[str], Non
         and not (out_dir / META_NAME).exists()
     ):
         journal, why = read_journal(out_dir, settings)
-        if journal is None:
+        problem = tail_problem(out_dir, journal, reread(journal.cursor)) if journal is not None else None
+        if journal is None or problem is not None:
+            journal = None
             log(
-                f"an interrupted prepare-data left {out_dir} behind but cannot be resumed ({why}): starting over"
+                f"an interrupted prepare-data left {out_dir} behind but cannot be resumed ({problem or why}): "
+                "starting over"
             )
         else:
             log(f"resuming the interrupted prepare-data in {out_dir} after {len(journal.shards)} shard(s)")
     keep = {JOURNAL_NAME, *(str(e["file"]) for e in journal.shards)} if journal else set()
     claim_out_dir(out_dir, keep)
     return journal
+
+
+def _tokens_at(inputs: list[InputFile], spec: EncoderSpec) -> Callable[[Cursor], Any]:
+    """The tokens of the chunk that starts at a cursor, encoded again (None: none, or a bad record)."""
+
+    def reread(cursor: Cursor) -> Any:
+        chunk = next(read_chunks(inputs, spec.text_field, cursor), None)
+        if chunk is None or chunk.cursor != cursor:
+            return None
+        result = Encoder(spec).encode(chunk)
+        return None if result.error is not None else result.tokens
+
+    return reread
 
 
 def prepare_data(
@@ -106,10 +131,15 @@ def prepare_data(
         raise DataError(f"workers must be at least 1, got {workers}")
     log = log or (lambda line: None)
     inputs = expand_inputs(list(text_files))
-    tok = load_tokenizer(tokenizer_spec, eos_token=eos_token)
-    is_byte = isinstance(tok, ByteTokenizer)
-    # Read now: claiming out_dir below clears a previous copy, which may be the tokenizer given here.
+    is_byte = tokenizer_spec == "byte"
+    # Read now, once: claiming out_dir below clears a previous copy, which may be the tokenizer given
+    # here; and what is loaded (and checked) is what the workers get and what is copied.
     tokenizer_bytes = {} if is_byte else read_tokenizer_files(Path(tokenizer_spec))
+    tok = (
+        load_tokenizer(tokenizer_spec, eos_token=eos_token)
+        if is_byte
+        else HFTokenizer(tokenizer_spec, eos_token=eos_token, files=tokenizer_bytes)
+    )
     tokenizer_json = None if is_byte else tokenizer_bytes[TOKENIZER_JSON]
     dtype = dtype_for_vocab(tok.vocab_size)
     spec = EncoderSpec(
@@ -124,7 +154,7 @@ def prepare_data(
     sha = "byte" if tokenizer_json is None else hashlib.sha256(tokenizer_json).hexdigest()
     settings = _settings(inputs, spec, shard_tokens, sha)
     out_dir = Path(out_dir)
-    journal = _start(out_dir, settings, resume, log)
+    journal = _start(out_dir, settings, resume, log, _tokens_at(inputs, spec))
     writer = ShardWriter(out_dir, dtype, shard_tokens, journal.shards if journal else None)
     counters = journal.counters if journal else Counters()
     skip = journal.skip_tokens if journal else 0
@@ -138,7 +168,7 @@ def prepare_data(
 
     tokenizer_files: list[str] = []
     try:
-        for result in ordered_map(encode_chunk, chunks(), workers, init_worker, (spec,)):
+        for result in ordered_map(encode_chunk, chunks(), workers, init_worker, (spec,), _describe):
             chunk = submitted.popleft()
             if result.error is not None:
                 raise DataError(result.error)

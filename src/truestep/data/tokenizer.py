@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -10,12 +9,15 @@ import numpy as np
 
 from truestep.data.errors import DataError
 from truestep.data.native import native_calls
+from truestep.data.tokenizer_guard import check_tokenizer_definition
+from truestep.data.tokenizer_read import parse_json_object, read_tokenizer_file, read_tokenizer_json_object
 
 # Names tried, in order, when a HF tokenizer is loaded without an explicit --eos-token. They cover
 # Llama 3, Llama 2 / Mistral / T5, GPT-2 / NeoX and Gemma style vocabularies.
 COMMON_EOS_TOKENS: tuple[str, ...] = ("<|end_of_text|>", "</s>", "<|endoftext|>", "<eos>")
 # Likewise for the beginning-of-sequence token when no tokenizer_config.json names one.
 COMMON_BOS_TOKENS: tuple[str, ...] = ("<|begin_of_text|>", "<s>", "<bos>")
+TOKENIZER_JSON = "tokenizer.json"
 TOKENIZER_CONFIG = "tokenizer_config.json"
 
 
@@ -61,8 +63,18 @@ class ByteTokenizer:
 class HFTokenizer:
     """A Hugging Face `tokenizers` tokenizer loaded from a `tokenizer.json` file."""
 
-    def __init__(self, path: str | Path, eos_token: str | None = None, eos_id: int | None = None) -> None:
-        """`eos_id`, when known (e.g. from a model's config), is used as it is instead of looking it up."""
+    def __init__(
+        self,
+        path: str | Path,
+        eos_token: str | None = None,
+        eos_id: int | None = None,
+        files: dict[str, bytes] | None = None,
+    ) -> None:
+        """`eos_id`, when known (e.g. from a model's config), is used as it is instead of looking it up.
+        `files`: the tokenizer.json (and tokenizer_config.json) already read (`read_tokenizer_files`), so
+        that what is loaded is what is copied; else they are read from beside `path`, confined to its
+        folder and bounded (data/tokenizer_read.py). The definition is checked before the library sees
+        it (data/tokenizer_guard.py): a normalizer bomb is refused, not run into an abort."""
         self.path = Path(path)
         try:
             # Imported lazily: `tokenizers` is an optional dependency and the byte path must not need it.
@@ -71,16 +83,21 @@ class HFTokenizer:
             raise DataError(
                 "loading a tokenizer.json needs the `tokenizers` package: pip install tokenizers"
             ) from e
-        if not self.path.is_file():
+        root = self.path.parent
+        data = files.get(TOKENIZER_JSON) if files is not None else read_tokenizer_file(self.path, root)
+        if data is None:
             raise DataError(f"tokenizer file not found: {self.path}")
+        check_tokenizer_definition(data, str(self.path))
         try:
-            self._tok: Any = tokenizers.Tokenizer.from_file(str(self.path))
-        except Exception as e:  # the Rust side raises plain Exception subclasses
-            raise DataError(f"cannot load tokenizer {self.path}: {e}") from e
+            self._tok: Any = tokenizers.Tokenizer.from_str(data.decode("utf-8"))
+        except Exception as e:  # the Rust side raises plain Exception subclasses; UnicodeDecodeError
+            raise DataError(f"cannot load tokenizer {self.path}: {' '.join(str(e).split())[:300]}") from e
         self.name = str(path)
+        self.config: dict[str, Any] = _config(root, files)
+        """tokenizer_config.json beside it ({} without one)."""
         self.vocab_size: int = int(self._tok.get_vocab_size())
         self.eos_id: int = self._find_eos(eos_token) if eos_id is None else eos_id
-        named = _special_tokens_named(self.path.parent / TOKENIZER_CONFIG)
+        named = _special_tokens_named(self.config)
         self.bos_id: int | None = self._find(named.get("bos_token"), COMMON_BOS_TOKENS)
         self.pad_id: int | None = self._find(named.get("pad_token"), ())
 
@@ -135,16 +152,17 @@ class HFTokenizer:
         return np.asarray(self.encode(text), dtype=np.int64)
 
 
-def _special_tokens_named(config_path: Path) -> dict[str, str]:
+def _config(root: Path, files: dict[str, bytes] | None) -> dict[str, Any]:
+    """tokenizer_config.json of the tokenizer folder `root` ({} without one), from `files` when given."""
+    where = root / TOKENIZER_CONFIG
+    if files is None:
+        return read_tokenizer_json_object(where, root) or {}
+    data = files.get(TOKENIZER_CONFIG)
+    return {} if data is None else parse_json_object(data, where)
+
+
+def _special_tokens_named(config: dict[str, Any]) -> dict[str, str]:
     """bos_token/pad_token named by a tokenizer_config.json beside the tokenizer.json (if there is one)."""
-    if not config_path.is_file():
-        return {}
-    try:
-        config = json.loads(config_path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise DataError(f"cannot read {config_path}: {e}") from e
-    if not isinstance(config, dict):
-        raise DataError(f"{config_path} is not a JSON object")
     named = {}
     for key in ("bos_token", "pad_token"):
         value = config.get(key)

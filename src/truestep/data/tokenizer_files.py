@@ -15,9 +15,9 @@ from typing import Any
 
 from truestep.data.atomic import atomic_write_bytes
 from truestep.data.errors import DataError
-from truestep.data.tokenizer import TOKENIZER_CONFIG, ByteTokenizer, HFTokenizer
+from truestep.data.tokenizer import TOKENIZER_CONFIG, TOKENIZER_JSON, ByteTokenizer, HFTokenizer
+from truestep.data.tokenizer_read import parse_json_object, read_tokenizer_file
 
-TOKENIZER_JSON = "tokenizer.json"
 SPECIAL_TOKENS_MAP = "special_tokens_map.json"
 CHAT_TEMPLATE = "chat_template.jinja"
 """Where transformers 5 keeps the chat template (older versions: `chat_template` in tokenizer_config.json)."""
@@ -49,20 +49,25 @@ class DataTokenizer:
 
 
 def read_tokenizer_files(tokenizer_json: Path) -> dict[str, bytes]:
-    """`tokenizer_json` and the companion config files beside it, as {name in the data directory: bytes}.
+    """`tokenizer_json` and the companion config files beside it, as {name in the data directory: bytes}:
+    each confined to the tokenizer's folder and bounded (data/tokenizer_read.py), the JSON ones checked to
+    be JSON objects within bounds (no NaN: they travel into exports, which write strict JSON).
 
     Read before the output directory is claimed: the source may be the copy inside a data directory
     that is being prepared again.
     """
+    root = tokenizer_json.parent
     found = {}
     for name in TOKENIZER_FILES:
-        source = tokenizer_json if name == TOKENIZER_JSON else tokenizer_json.parent / name
-        if name != TOKENIZER_JSON and not source.is_file():
+        source = tokenizer_json if name == TOKENIZER_JSON else root / name
+        data = read_tokenizer_file(source, root)
+        if data is None:
+            if name == TOKENIZER_JSON:
+                raise DataError(f"tokenizer file not found: {source}")
             continue
-        try:
-            found[name] = source.read_bytes()
-        except OSError as e:
-            raise DataError(f"cannot read tokenizer file {source}: {e}") from e
+        if name.endswith(".json") and name != TOKENIZER_JSON:
+            parse_json_object(data, source)  # refused here, in one line, if it is not one
+        found[name] = data
     return found
 
 

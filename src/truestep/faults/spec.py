@@ -14,7 +14,9 @@ User-facing kinds (`--fault` on train/launch/experiment, or TRUESTEP_FAULTS, ';'
   mutate:step=4                   add 1e-3 to the parameters and optimizer state of the save of step 4
                                   after the save call returned (an async write may still be reading them)
   hang:at=startup:rank=1          SIGSTOP rank 1 as it starts, before its first heartbeat
-  kill:at=restore:rank=0          SIGKILL rank 0 while it restores a checkpoint
+  kill:at=restore:rank=0          SIGKILL rank 0 while it restores (a checkpoint, or from memory)
+  kill:at=snapshot:replicating:rank=1:step=N   SIGKILL rank 1 while its snapshot of step N is copied
+                                  to its buddies (resilience.snapshot_every_steps)
   kill:at=rendezvous:rank=1       SIGKILL rank 1 as it joins the process group (its peers wait in it)
   kill:at=handoff:rank=0          SIGKILL the warm standby handed rank 0, before it becomes the rank
   term:at=teardown                the preemption notice, while the supervisor tears an attempt down
@@ -50,9 +52,10 @@ POINTS = (
     "restore",
     "handoff",
     "teardown",
+    "snapshot:replicating",
 )
 """Where a fault can fire. In a rank: startup (before its first heartbeat), rendezvous (before it joins
-the process group), restore, train:step/loss, save:*; in a warm standby: handoff (it was just handed its
+the process group), restore, train:step/loss, save:*, snapshot:replicating (its background thread); in a warm standby: handoff (it was just handed its
 rank); in the supervisor: teardown (it is killing the ranks of a failed attempt)."""
 KINDS = ("kill", "term", "hang", "crash-in-save", "corrupt", "nan", "slow", "crash", "sleep", "mutate")
 _FIELDS = {

@@ -158,14 +158,17 @@ def export_hf(
         total = sum(s.nbytes for s in shards)
         if len(shards) > 1:
             index = {"metadata": {"total_size": total}, "weight_map": weight_map}
-            atomic_write(staging / INDEX_FILE, json.dumps(index, indent=2).encode())
+            atomic_write(staging / INDEX_FILE, json.dumps(index, indent=2, allow_nan=False).encode())
         special = tok.special_tokens if tok is not None else None
         config = hf_config(cfg, dtype_name(dtype), special)
-        atomic_write(staging / CONFIG, json.dumps(config, indent=2).encode())
+        atomic_write(staging / CONFIG, json.dumps(config, indent=2, allow_nan=False).encode())
         tokenizer_files = []
         if tok is not None:
             tokenizer_files = write_tokenizer(tok, staging)
-            atomic_write(staging / GENERATION_CONFIG, json.dumps(generation_config(tok), indent=2).encode())
+            atomic_write(
+                staging / GENERATION_CONFIG,
+                json.dumps(generation_config(tok), indent=2, allow_nan=False).encode(),
+            )
         publish_dir(staging, out_dir)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)

@@ -5,7 +5,9 @@ A cache folder holds `snapshots/<commit>/` (files linking into `blobs/`) and `re
 hash). The snapshot is `--revision` (a branch or tag in `refs/`, or a commit), else the one
 `refs/main` names, else the only one, else the newest by modification time, said in the note returned;
 two equally new ones are ambiguous and refused. Every name read from the cache is checked to be a plain
-file name, and `refs/*` files are read bounded, without following links.
+file name, and `refs/*` files are read bounded, without following links. A snapshot is a directory of
+the cache itself: one that is a symlink leading out of the repository's folder is refused, never
+followed (the files inside a snapshot may link into the repository's `blobs/`: hf_import's rule).
 """
 
 from __future__ import annotations
@@ -80,6 +82,17 @@ def _ref(folder: Path, name: str) -> str | None:
 
 
 def pick_snapshot(folder: Path, revision: str | None) -> tuple[Path, str | None]:
+    path, note = _pick(folder, revision)
+    if os.path.islink(path):
+        real = Path(os.path.realpath(path))
+        if not real.is_relative_to(Path(os.path.realpath(folder))):
+            raise InteropError(
+                f"{path} is a symlink to {real}, outside the cache folder {folder}: refusing to follow it"
+            )
+    return path, note
+
+
+def _pick(folder: Path, revision: str | None) -> tuple[Path, str | None]:
     snapshots = folder / "snapshots"
     names = sorted(p.name for p in snapshots.iterdir() if p.is_dir() and plain_file_name(p.name))
     if not names:

@@ -39,9 +39,12 @@ from truestep.checkpoint.weights import (
 )
 from truestep.checkpoint.weights_only import write_weights_checkpoint
 from truestep.core.fsio import OversizeFileError, UnsafePathError, plain_file_name, read_regular
+from truestep.core.outside import OutsideJsonError, UnconfinedPathError, loads_bounded
+from truestep.core.outside import confined as outside_confined
 from truestep.data.errors import DataError
 from truestep.data.tokenizer import HFTokenizer
 from truestep.data.tokenizer_files import GENERATION_CONFIG, TOKENIZER_FILES, TOKENIZER_JSON
+from truestep.data.tokenizer_read import parse_json_object
 from truestep.interop.errors import InteropError
 from truestep.interop.hf_config import (
     ARCHITECTURE,
@@ -80,32 +83,20 @@ def safetensors_failure(err: Exception, path: Path, doing: str) -> Exception:
     return InteropError(f"{path}: {doing}: {err}")
 
 
-def _link_roots(hf_dir: Path) -> list[Path]:
-    real = hf_dir.resolve()
-    roots = [real]
-    if real.parent.name == "snapshots":  # a Hugging Face cache snapshot: its files link into ../../blobs
-        roots.append(real.parent.parent / "blobs")
-    return roots
-
-
 def confined(path: Path) -> Path:
     """`path`, a file of an HF directory, with a symlink resolved only when it stays inside the directory
     (or, for a Hugging Face cache snapshot, inside that repository's `blobs/`): a link a git clone
     carries to `~/.ssh/...` or `/etc/...` is refused, never read or copied into a checkpoint."""
-    if not os.path.islink(path):
-        return path
-    target = path.resolve()
-    if not any(target.is_relative_to(root) for root in _link_roots(path.parent)):
-        raise InteropError(
-            f"{path} is a symlink to {target}, outside {path.parent}: refusing to follow it "
-            "(copy the file into the directory if it belongs there)"
-        )
-    return target
+    try:
+        return outside_confined(path)
+    except UnconfinedPathError as err:
+        raise InteropError(str(err)) from None
 
 
-def read_hf_json(path: Path, required: bool = True) -> Any:
+def read_hf_json(path: Path, required: bool = True, allow_nan: bool = True) -> Any:
     """A JSON file of an HF directory (symlinks followed only within it, as in the HF cache; never a
-    FIFO; bounded)."""
+    FIFO; bounded; nesting bounded). NaN and Infinity only with `allow_nan` (config.json: its values are
+    validated one by one, and say which is not finite)."""
     try:
         data = read_regular(confined(path), MAX_JSON_BYTES, follow_symlinks=False)
     except FileNotFoundError:
@@ -115,9 +106,9 @@ def read_hf_json(path: Path, required: bool = True) -> Any:
     except (UnsafePathError, OversizeFileError) as err:
         raise InteropError(f"{path}: {err.strerror if isinstance(err, OSError) else err}") from None
     try:
-        return json.loads(data)
-    except (ValueError, RecursionError) as err:  # JSONDecodeError, UnicodeDecodeError, huge ints, nesting
-        raise InteropError(f"{path}: not valid JSON: {type(err).__name__}: {str(err)[:200]}") from None
+        return loads_bounded(data, str(path), allow_nan=allow_nan)
+    except OutsideJsonError as err:  # not UTF-8 JSON, nested too deeply, a huge int, NaN or Infinity
+        raise InteropError(str(err)) from None
 
 
 def _regular(path: Path, why: str) -> Path:
@@ -301,7 +292,8 @@ def _special_tokens(hf: dict[str, Any], hf_dir: Path, vocab_size: int) -> dict[s
     """bos/eos/pad ids of config.json, completed from generation_config.json where config.json has none;
     the eos ids of both, all of them (an Instruct model stops at several)."""
     found = special_token_ids(hf, vocab_size, str(hf_dir / CONFIG))
-    extra = read_hf_json(hf_dir / GENERATION_CONFIG, required=False)
+    # Strict: its defaults travel into every export, which writes only strict JSON.
+    extra = read_hf_json(hf_dir / GENERATION_CONFIG, required=False, allow_nan=False)
     if extra is not None:
         if not isinstance(extra, dict):
             raise InteropError(f"{hf_dir / GENERATION_CONFIG} is not a JSON object")
@@ -310,6 +302,15 @@ def _special_tokens(hf: dict[str, Any], hf_dir: Path, vocab_size: int) -> dict[s
         found = {key: found[key] if found[key] is not None else more[key] for key in found}
         found["eos_token_id"] = eos
     return found
+
+
+def tokenizer_files_left_out(hf_dir: Path) -> list[str]:
+    """Tokenizer companion files (a chat template, a tokenizer config, generation defaults) beside a
+    model that has no tokenizer.json: they are not kept (what they describe is a tokenizer the directory
+    does not hold; the eos ids of generation_config.json are kept all the same), and import says so."""
+    if os.path.lexists(hf_dir / TOKENIZER_JSON):
+        return []
+    return [name for name in TOKENIZER_FILES if os.path.lexists(hf_dir / name)]
 
 
 def _tokenizer_files(hf_dir: Path, special: dict[str, Any]) -> dict[str, bytes]:
@@ -325,6 +326,11 @@ def _tokenizer_files(hf_dir: Path, special: dict[str, Any]) -> dict[str, bytes]:
                 )
             except OversizeFileError as err:
                 raise InteropError(str(err)) from None
+            if name.endswith(".json") and name != TOKENIZER_JSON:  # kept, and exported: JSON objects only
+                try:
+                    parse_json_object(files[name], hf_dir / name)
+                except DataError as err:
+                    raise InteropError(str(err)) from None
     eos = special.get("eos_token_id")
     try:
         HFTokenizer(hf_dir / TOKENIZER_JSON, eos_id=(eos[0] if isinstance(eos, list) else eos))
@@ -404,5 +410,6 @@ def import_hf(hf_dir: Path, out: Path, dtype: torch.dtype | None = None) -> dict
         "model": cfg,
         "model_overrides": model_overrides(cfg),
         "tokenizer_files": list(tokenizer_files),
+        "tokenizer_left_out": tokenizer_files_left_out(hf_dir),
         "special_tokens": special,
     }

@@ -21,6 +21,7 @@ from truestep.checkpoint.state import read_rank_state
 from truestep.checkpoint.weights import WEIGHTS_INFO_FILE
 from truestep.config.schema import ModelConfig
 from truestep.core.fsio import OversizeFileError, UnsafePathError, atomic_write, read_regular
+from truestep.core.outside import OutsideJsonError, loads_bounded
 from truestep.data.errors import DataError
 from truestep.data.meta import read_meta
 from truestep.data.tokenizer import ByteTokenizer, HFTokenizer
@@ -114,8 +115,14 @@ def bundled_generation(files: tuple[Path, ...]) -> dict[str, Any]:
     if path is None:
         return {}
     try:
-        data = json.loads(read_regular(path, MAX_GENERATION_CONFIG_BYTES, follow_symlinks=False))
-    except (OSError, UnsafePathError, OversizeFileError, ValueError, RecursionError) as err:
+        # Strict: its defaults are exported as they are, and an export writes only strict JSON (NaN and
+        # Infinity are not JSON: a loader elsewhere refuses the file).
+        data = loads_bounded(
+            read_regular(path, MAX_GENERATION_CONFIG_BYTES, follow_symlinks=False), str(path)
+        )
+    except OutsideJsonError as err:
+        raise InteropError(str(err)) from None
+    except (OSError, UnsafePathError, OversizeFileError) as err:
         raise InteropError(f"{path}: unreadable: {err}") from None
     if not isinstance(data, dict):
         raise InteropError(f"{path} is not a JSON object")
@@ -189,19 +196,57 @@ def check_tokenizer_fits(tok: CheckpointTokenizer, cfg: ModelConfig) -> None:
         )
 
 
-def _minimal_tokenizer_config(tok: CheckpointTokenizer) -> bytes:
-    """tokenizer_config.json for a bare tokenizer.json: load it as it is, with the known special tokens."""
+SPECIAL_TOKEN_NAMES = {"bos_token": "bos_token_id", "eos_token": "eos_token_id", "pad_token": "pad_token_id"}
+"""A tokenizer config's special-token attribute -> the id field it stands for."""
+MAX_TOKENIZER_CONFIG_BYTES = 16 << 20
+"""A tokenizer_config.json may hold an inline chat template: megabytes at most."""
+
+
+def _named_in(path: Path) -> dict[str, str]:
+    """The special tokens a tokenizer_config.json or special_tokens_map.json names, as their text (a
+    string, or an AddedToken record's `content`)."""
+    try:
+        data = json.loads(read_regular(path, MAX_TOKENIZER_CONFIG_BYTES, follow_symlinks=False))
+    except (OSError, UnsafePathError, OversizeFileError, ValueError, RecursionError) as err:
+        raise InteropError(f"{path}: unreadable: {err}") from None
+    if not isinstance(data, dict):
+        raise InteropError(f"{path} is not a JSON object")
+    found = {}
+    for name in SPECIAL_TOKEN_NAMES:
+        value = data.get(name)
+        text = value.get("content") if isinstance(value, dict) else value
+        if isinstance(text, str):
+            found[name] = text
+    return found
+
+
+def special_token_texts(tok: CheckpointTokenizer) -> dict[str, str]:
+    """bos/eos/pad token text as the tokenizer's own files name them (special_tokens_map.json over
+    tokenizer_config.json, as transformers reads them); a token they do not name is the text of its id
+    (the first eos id). What the export writes must say what it read: an Instruct model's tokenizer names
+    `<|eot_id|>` as its eos_token while its first eos id is `<|end_of_text|>`, and chat and SFT code reads
+    the attribute."""
+    named: dict[str, str] = {}
+    for file_name in (TOKENIZER_CONFIG, SPECIAL_TOKENS_MAP):  # the map last: it wins
+        path = next((p for p in tok.files if p.name == file_name), None)
+        if path is not None:
+            named.update(_named_in(path))
     loaded = tok.load()
     assert isinstance(loaded, HFTokenizer)
+    for name, key in SPECIAL_TOKEN_NAMES.items():
+        ids = tok.eos_ids()[:1] if key == "eos_token_id" else [tok.special_tokens.get(key)]
+        if name not in named and ids and ids[0] is not None:
+            named[name] = loaded.decode(ids)
+    return named
+
+
+def _minimal_tokenizer_config(tok: CheckpointTokenizer) -> bytes:
+    """tokenizer_config.json for a tokenizer.json without one: load it as it is, with its special tokens."""
     config: dict[str, Any] = {
         "tokenizer_class": "PreTrainedTokenizerFast",
         "clean_up_tokenization_spaces": False,
+        **special_token_texts(tok),
     }
-    for key, name in (("bos_token_id", "bos_token"), ("pad_token_id", "pad_token")):
-        if tok.special_tokens.get(key) is not None:
-            config[name] = loaded.decode([tok.special_tokens[key]])
-    if tok.eos_ids():
-        config["eos_token"] = loaded.decode(tok.eos_ids()[:1])
     return json.dumps(config, indent=2).encode()
 
 
@@ -230,16 +275,9 @@ def write_tokenizer(tok: CheckpointTokenizer, staging: Path) -> list[str]:
 
 
 def _special_tokens_map(tok: CheckpointTokenizer) -> bytes:
-    """special_tokens_map.json from the known ids (bos, the first eos, pad), as their token text."""
-    loaded = tok.load()
-    assert isinstance(loaded, HFTokenizer)
-    found = {}
-    for key, name in (("bos_token_id", "bos_token"), ("pad_token_id", "pad_token")):
-        if tok.special_tokens.get(key) is not None:
-            found[name] = loaded.decode([tok.special_tokens[key]])
-    if tok.eos_ids():
-        found["eos_token"] = loaded.decode(tok.eos_ids()[:1])
-    return json.dumps(found, indent=2).encode()
+    """special_tokens_map.json for a tokenizer without one: the same tokens its config names (written for
+    readers that look for the map; it never contradicts the config beside it)."""
+    return json.dumps(special_token_texts(tok), indent=2).encode()
 
 
 def generation_config(tok: CheckpointTokenizer) -> dict[str, Any]:

@@ -1,5 +1,6 @@
 """`truestep export --to torch`: the model weights of a checkpoint as one plain `torch.save` state dict
-with truestep's own parameter names (loads with `torch.load(FILE, weights_only=True)`).
+with truestep's own parameter names, exactly the keys of `Transformer(cfg).state_dict()` (loads with
+`Transformer(cfg).load_state_dict(torch.load(FILE, weights_only=True), strict=True)`, tied or not).
 
 The file is new: an existing file (or symlink) at the destination is refused, like a non-empty directory
 for `--to hf`, and the content appears all at once (`fsio.write_new_file`). It is written through a Python
@@ -41,8 +42,11 @@ def export_torch(
     check_config_fits(ckpt_dir, cfg, meta)
     tensors = load_model_tensors(ckpt_dir, meta=meta)
     state = {fqn: cast_for_export(t, dtype, fqn) for fqn, t in tensors.items()}
-    if cfg.tie_embeddings and "output.weight" in state:
-        state["output.weight"] = state["tok_embeddings.weight"]  # tied as in the module's state_dict
+    if cfg.tie_embeddings:
+        # The module's state_dict names the tied weight twice; a checkpoint may store it once (an
+        # imported one always does). One tensor under both names: `load_state_dict(strict=True)` finds
+        # every key, and torch.save writes the shared storage once.
+        state["output.weight"] = state["tok_embeddings.weight"]
     file.parent.mkdir(parents=True, exist_ok=True)
     write_new_file(file, lambda f: torch.save(state, f))
     return {

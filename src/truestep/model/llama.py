@@ -12,6 +12,7 @@ from collections.abc import Iterator
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from truestep.config.schema import ModelConfig
 from truestep.model.init import INIT_SCHEMES, fill_blockwise, on_meta, param_std
@@ -96,8 +97,20 @@ class TransformerBlock(nn.Module):
         self.ffn_norm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.feed_forward = FeedForward(cfg)
         self.dropout = cfg.dropout
+        self.recompute = False
+        """Activation checkpointing (model/recompute.py): keep only this block's input for the backward
+        and run its forward again there, instead of keeping every intermediate."""
 
     def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: LayerKV | None = None
+    ) -> torch.Tensor:
+        if self.recompute and cache is None and torch.is_grad_enabled():
+            # Non-reentrant: works under FSDP2 (the recompute runs inside the block's own backward, while
+            # its parameters are gathered) and replays the RNG state, so dropout masks are the same.
+            return checkpoint(self._forward, x, cos, sin, use_reentrant=False, preserve_rng_state=True)
+        return self._forward(x, cos, sin, cache)
+
+    def _forward(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: LayerKV | None = None
     ) -> torch.Tensor:
         h = self.attention(self.attention_norm(x), cos, sin, cache)

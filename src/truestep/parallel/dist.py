@@ -5,11 +5,12 @@ A run without torchrun-style environment variables is a single process with no p
 
 from __future__ import annotations
 
+import enum
 import sys
 import traceback
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import NoReturn
+from typing import NoReturn, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -30,6 +31,8 @@ class DistContext:
     rank: int = 0
     world_size: int = 1
     local_rank: int = 0
+    local_world_size: int = 1
+    """Ranks on this host (they share its memory)."""
     dp: int = 1
     tp: int = 1
     dp_rank: int = 0
@@ -55,11 +58,26 @@ class DistContext:
 
 def broadcast_int(value: int, ctx: DistContext) -> int:
     """Collective: rank 0's integer on every rank (an int64 tensor: never a pickled object)."""
+    return broadcast_ints([value], ctx)[0]
+
+
+def broadcast_ints(values: list[int], ctx: DistContext) -> list[int]:
+    """Collective: rank 0's integers on every rank, in one broadcast (every rank passes as many)."""
     if not ctx.distributed:
-        return value
-    t = torch.tensor([value], dtype=torch.int64, device=ctx.device)
+        return list(values)
+    t = torch.tensor(values, dtype=torch.int64, device=ctx.device)
     dist.broadcast(t, src=0)
-    return int(t.item())
+    return [int(v) for v in t.tolist()]
+
+
+E = TypeVar("E", bound=enum.Enum)
+
+
+def broadcast_choice(value: E, ctx: DistContext) -> E:
+    """Collective: rank 0's member of an enum on every rank (sent as its position in the enum: a value
+    crosses ranks as the enum it is, never as a sentinel integer or a sentence)."""
+    members = list(type(value))
+    return members[broadcast_int(members.index(value), ctx)]
 
 
 def pick_device(cfg: JobConfig, local_rank: int) -> torch.device:
@@ -109,6 +127,7 @@ def init_distributed(cfg: JobConfig, launch: Launch | None = None) -> DistContex
         rank=rank,
         world_size=world,
         local_rank=local,
+        local_world_size=launch.local_world_size,
         dp=dp,
         tp=tp,
         dp_rank=mesh["dp"].get_local_rank(),

@@ -22,6 +22,7 @@ from torch.distributed.tensor import DTensor, Replicate, distribute_tensor
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
+from truestep.config.errors import ConfigError
 from truestep.config.schema import JobConfig
 from truestep.model.init import INIT_SCHEMES, fill_blockwise, on_meta, param_std
 from truestep.model.llama import Transformer
@@ -61,11 +62,18 @@ def apply_tp(model: Transformer, ctx: DistContext) -> None:
 def apply_fsdp(model: Transformer, ctx: DistContext, cfg: JobConfig) -> None:
     assert ctx.mesh is not None
     kwargs: dict = {"mesh": ctx.mesh["dp"]}
-    if ctx.device.type == "cuda" and cfg.parallel.mixed_precision:
+    if uses_mixed_precision(cfg, ctx.device.type):
         kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     for block in model.layers.values():
         fully_shard(block, **kwargs)
     fully_shard(model, **kwargs)
+
+
+def uses_mixed_precision(cfg: JobConfig, device_type: str) -> bool:
+    """Whether FSDP2 computes in bf16 here: parallel.mixed_precision on CUDA, and on CPU only with
+    parallel.mixed_precision_cpu (CPU runs are fp32 unless asked)."""
+    p = cfg.parallel
+    return p.mixed_precision and (device_type == "cuda" or p.mixed_precision_cpu)
 
 
 def reshard(model: nn.Module) -> None:
@@ -86,6 +94,11 @@ warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a v
 def parallelize(model: Transformer, ctx: DistContext, cfg: JobConfig) -> nn.Module:
     """Apply TP then FSDP2 as the layout asks, then put the model on its device: `to_empty` for a model
     built on the meta device (nothing to copy; initialize it after), a copy otherwise."""
+    if cfg.parallel.mixed_precision_cpu and ctx.device.type == "cpu" and ctx.dp == 1:
+        raise ConfigError(
+            "parallel.mixed_precision_cpu=true needs FSDP (dp > 1: launch 2 or more data-parallel ranks); "
+            "a single data-parallel rank would silently run fp32"
+        )
     on_meta = any(p.is_meta for p in model.parameters())
     if not on_meta:
         model.to(ctx.device)

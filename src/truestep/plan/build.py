@@ -3,11 +3,11 @@ then the scaling model for the target size -- recording where every number came 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from truestep.plan.fit import Measured, measure
-from truestep.plan.inputs import PlanInputs, Provenance, apply_user, get, put, validate
+from truestep.plan.inputs import PlanInputs, Provenance, apply_user, get, keys, put, validate
 from truestep.plan.scaling import SCALED, CostModel, count_params, latencies
 
 SIZE_BOUND = ("job.step_time_s", "job.step_overhead_s", "job.tokens_per_step")
@@ -23,6 +23,9 @@ class Assembled:
     measured: Measured | None
     target_params: float | None
     notes: list[str]
+    unscaled: dict[str, tuple[float, float]] = field(default_factory=dict)
+    """Costs measured at another scale and not extrapolated -> (the measured value, truestep's at-scale
+    assumption, if larger): the headline says so, with the goodput at both ends."""
 
 
 def assemble(source: Path | None, config: Path | None, overrides: list[str]) -> Assembled:
@@ -63,7 +66,25 @@ def assemble(source: Path | None, config: Path | None, overrides: list[str]) -> 
             continue
         base = "extrapolated from the measured latency" if prov.kind(full) == "measured" else "modelled"
         prov.source[full] = f"{base} + bytes/bandwidth at {target:.3g} params, {inputs.job.gpus} ranks"
-    return Assembled(inputs, prov, model, measured, target, notes)
+    unscaled = {} if measured is None or same_size else _unscaled(inputs, prov, measured)
+    return Assembled(inputs, prov, model, measured, target, notes, unscaled)
+
+
+def _unscaled(inputs: PlanInputs, prov: Provenance, measured: Measured) -> dict[str, tuple[float, float]]:
+    """The costs still as measured although the target is another size (start-up, detection, teardown,
+    relaunch: no model scales them): labelled so, each with its measured value and the larger of it and
+    truestep's default, which is an at-scale assumption (a cold start of 2 CPU ranks is seconds; of
+    16,384 GPU ranks, minutes)."""
+    defaults, found = PlanInputs(), {}
+    for key in keys(inputs):
+        if key.startswith("costs.") and prov.kind(key) == "measured":
+            value = float(get(inputs, key))
+            found[key] = (value, max(value, float(get(defaults, key))))
+            prov.source[key] += (
+                f" at {measured.world} ranks: not extrapolated to {inputs.job.gpus:,} GPUs (the headline "
+                "gives the range)"
+            )
+    return found
 
 
 def _target_params(inputs: PlanInputs, measured: Measured | None) -> float | None:

@@ -47,7 +47,32 @@ def summary_text(a: Assembled, r: PlanResult) -> str:
         f"plain goodput {fmt_pct(h.plain.mean)}; {h.failures.mean:,.1f} failures and {h.preemptions.mean:,.1f} "
         f"preemptions on average, mean recovery {fmt_seconds(h.mttr_s.mean)}, expected lost work "
         f"{h.lost_work_s.mean / 3600:,.2f} h ({h.lost_work_s.mean / 3600 * job.gpus:,.0f} GPU-hours)."
+        + unscaled_text(a, r)
     )
+
+
+def unscaled_text(a: Assembled, r: PlanResult) -> str:
+    """The headline's caveat: costs measured at another scale and taken as the target's, with the range
+    of correct goodput between them as measured and at truestep's at-scale assumptions."""
+    if not a.unscaled or a.measured is None:
+        return ""
+    listed = ", ".join(
+        f"`{key.removeprefix('costs.')}` {fmt_seconds(low)}"
+        + (f" (assumed at scale: {fmt_seconds(high)})" if high > low else "")
+        for key, (low, high) in a.unscaled.items()
+    )
+    text = (
+        f" **Not extrapolated:** {listed} were measured at {a.measured.world} ranks and are taken as the "
+        f"{a.inputs.job.gpus:,}-GPU job's"
+    )
+    if r.unscaled_correct is not None:
+        low, high = r.unscaled_correct
+        text += (
+            f"; with them at the assumed at-scale values correct goodput is {fmt_pct(high)} instead of "
+            f"{fmt_pct(low)} ({min(low, high) * 100:.1f}-{max(low, high) * 100:.1f} %: a range, not a point; "
+            "set them to measured values at scale to narrow it)"
+        )
+    return text + "."
 
 
 def _hours_text(seconds: float) -> str:

@@ -131,6 +131,10 @@ class PlanResult:
     sweep: dict[str, list[float]]
     """Variant -> mean correct goodput at each GPU count; `plain (all on)` too."""
     timings_s: dict[str, float] = field(default_factory=dict)
+    unscaled_correct: tuple[float, float] | None = None
+    """Mean correct goodput with the costs measured at another scale as measured, and at truestep's
+    at-scale assumptions (Assembled.unscaled), side by side at the headline's interval; None when every
+    cost was measured at the target's size, extrapolated, set or assumed."""
 
 
 def _run(settings: list[PlanInputs], intervals: list[float], replicas: int, seed: int) -> list[SimResult]:
@@ -330,4 +334,14 @@ def make_plan(
         base, rows = sensitivity(inputs, chosen, small)
     with timer("goodput vs GPU count"):
         curves = gpu_sweep(a, max(50, small // 2))
-    return PlanResult(head, sweep, mech, rows, base, list(SWEEP_GPUS), curves, timer.timings)
+    unscaled = None
+    if a.unscaled:
+        with timer("costs measured at another scale"):
+            assumed = copy.deepcopy(inputs)
+            for key, (_, high) in a.unscaled.items():
+                put(assumed, key, high)
+            runs = _run([inputs, assumed], [chosen, chosen], small, inputs.job.seed + 6)
+            unscaled = (float(runs[0].correct_goodput.mean()), float(runs[1].correct_goodput.mean()))
+    result = PlanResult(head, sweep, mech, rows, base, list(SWEEP_GPUS), curves, timer.timings)
+    result.unscaled_correct = unscaled
+    return result

@@ -26,7 +26,7 @@ from typing import Any
 
 from truestep.core.control_files import ControlFileError, read_control_json, require
 from truestep.core.errors import ExitCode, FencedError
-from truestep.core.fsio import atomic_write, make_dir
+from truestep.core.fsio import make_dir, replace_in_own_dir
 from truestep.core.names import heartbeat_path
 from truestep.core.status import RankStatus
 
@@ -121,7 +121,9 @@ class Heartbeat:
                 "phase": str(self.status.phase),
                 "longest_step_s": self.status.longest_step_s,
             }
-            atomic_write(self.path, json.dumps(record).encode(), durable=False)
+            # Never through a heartbeats/ swapped for a link mid-run: that beat is missed instead, the
+            # supervisor finds the rank silent, and its run directory check refuses the next attempt.
+            replace_in_own_dir(self.path, json.dumps(record).encode())
 
     def _beat(self) -> None:
         fenced_at = time.monotonic()

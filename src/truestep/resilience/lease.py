@@ -74,7 +74,7 @@ class Holder:
     nodes of a relaunched multi-node job tell node 0's new lease from the last launch's."""
     released: bool = False
     hub_port: int = 0
-    """Multi-node jobs: the TCP port on node 0 where the other nodes' supervisors report (resilience/peers.py)."""
+    """Multi-node jobs: the TCP port on node 0 where the other nodes' supervisors report (supervisor/peers.py)."""
     attempt_begun: bool = False
     """The holder has begun an attempt: `incarnation` is its number. Right after acquire it still holds
     the previous launch's number, which the other nodes must not start."""

@@ -9,14 +9,11 @@ Standard library only: this runs before torch is imported.
 
 from __future__ import annotations
 
-import ctypes
 import os
-import signal
 import sys
 
 from truestep.core.errors import ExitCode
-
-PR_SET_PDEATHSIG = 1
+from truestep.core.parent_death import die_with_parent
 
 
 def die_with_supervisor(expected: int | None) -> None:
@@ -24,11 +21,7 @@ def die_with_supervisor(expected: int | None) -> None:
     that supervisor is already gone."""
     if expected is None:
         return
-    if sys.platform.startswith("linux"):
-        libc = ctypes.CDLL(None, use_errno=True)
-        if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
-            raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
-    if os.getppid() != expected:
+    if not die_with_parent(expected):
         print(
             f"truestep train: the supervisor (pid {expected}) that started this rank is gone; exiting",
             file=sys.stderr,

@@ -39,6 +39,8 @@ class SignalWatcher:
         self.flag = NONE
         self.interrupts = 0
         self.deadline_s = deadline_s
+        """The forced-exit deadline a signal arriving now gets (the preemption hook re-fits it each step)."""
+        self.armed_s = deadline_s
         self.hard_exit_code = hard_exit_code
         self.preemption = list(preemption)
         self._deadline: threading.Timer | None = None
@@ -81,7 +83,8 @@ class SignalWatcher:
             flag = PREEMPT
         if self.received is None:
             self.received, self.received_at = signum.name, at
-            self._deadline = threading.Timer(self.deadline_s, self._force_exit)
+            self.armed_s = self.deadline_s  # the deadline in force when the signal came
+            self._deadline = threading.Timer(self.armed_s, self._force_exit)
             self._deadline.start()
         self.flag = max(self.flag, flag)
 
@@ -108,7 +111,7 @@ class SignalWatcher:
 
     def _force_exit(self) -> None:
         print(
-            f"truestep: graceful stop after {self.received} did not finish within {self.deadline_s}s; "
+            f"truestep: graceful stop after {self.received} did not finish within {self.armed_s:g}s; "
             f"exiting hard with {self.hard_exit_code}",
             flush=True,
         )

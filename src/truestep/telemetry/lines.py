@@ -18,9 +18,10 @@ import math
 import struct
 from typing import Any
 
-BOOKKEEPING_FIELDS = frozenset({"step", "time", "mono", "attempt", "step_time"})
+BOOKKEEPING_FIELDS = frozenset({"step", "time", "mono", "attempt", "step_time", "peak_mem_bytes"})
 """Fields of a metrics line that the trajectory does not determine (clocks, attempt number, the step
-itself, which keys the line). Everything else numeric is an observable."""
+itself, which keys the line, the process's memory high-water mark). Everything else numeric is an
+observable."""
 
 
 def determined(line: dict[str, Any]) -> dict[str, float | int]:

@@ -3,7 +3,7 @@
 The event log (events.jsonl) is the record; this is its spoken summary. Each writer of events narrates
 its own: rank 0 (telemetry/run_logs.py) the preemption, Ctrl-C, the saves that stop makes, a resume
 (which checkpoint, verified how, in how long), a quarantine and the fall-back past it, being back at
-work after a restart; the supervisor (resilience/supervisor.py) a failure detected (kind, rank, after
+work after a restart; the supervisor (supervisor/restart_loop.py) a failure detected (kind, rank, after
 how long), the restart (warm or cold) and the exit code it ends with. The two sets of event kinds do
 not overlap, so nothing is said twice.
 
@@ -48,7 +48,16 @@ class Narrator:
     restored_at: float | None = None
     attempt_started: float | None = None
     restarting: int = 0
+    restart_reason: str = ""
     handoffs: int = 0
+    handoffs_importing: int = 0
+    """Of `handoffs`, standbys still importing when handed their rank (no faster than a cold start)."""
+    committed: set[int] = field(default_factory=set)
+    """Steps whose checkpoint this writer saw committed (checkpoint_commit)."""
+    banner: bool = True
+    """Say the start banner (metrics.banner)."""
+    weights_from: dict[str, Any] | None = None
+    memory: dict[str, Any] | None = None
 
     def tell(self, record: dict[str, Any]) -> str | None:
         """Say the record's line, if its kind has one; returns what was said."""
@@ -79,6 +88,8 @@ class Narrator:
 
 
 def _signal_received(n: Narrator, r: dict[str, Any]) -> str | None:
+    if r.get("during_startup"):
+        return None  # the rank stops before its first step; its one line says so (startup_stop.py)
     n.stop_step = r.get("stop_step")
     reason, signal = r.get("stop_reason"), r.get("signal")
     if reason == "preempted":
@@ -92,15 +103,22 @@ def _signal_received(n: Narrator, r: dict[str, Any]) -> str | None:
 
 def _saved(n: Narrator, r: dict[str, Any]) -> str | None:
     step = r.get("step")
+    if isinstance(step, int):
+        n.committed.add(step)
     if n.stop_step is None or not isinstance(step, int) or step < n.stop_step:
         return None  # an interval save: the progress bar is enough
     return f"saved step {step} (committed and verifiable)"
 
 
 def _already_saved(n: Narrator, r: dict[str, Any]) -> str | None:
-    if n.stop_step is None or r.get("step") != n.stop_step:
+    """The stop's save of a step already being saved is skipped: "already saved" only once that save is
+    committed; before, the commit line follows ("saved step N") and this line says it is coming."""
+    step = r.get("step")
+    if n.stop_step is None or step != n.stop_step:
         return None
-    return f"step {r.get('step')} was already saved"
+    if step in n.committed:
+        return f"step {step} was already saved (committed and verifiable)"
+    return f"step {step} is being saved already (an interval save): waiting for its commit"
 
 
 def _run_end(n: Narrator, r: dict[str, Any]) -> str | None:
@@ -148,6 +166,110 @@ def _restore(n: Narrator, r: dict[str, Any]) -> str:
     )
 
 
+def _memory_restore(n: Narrator, r: dict[str, Any]) -> str:
+    n.restored_at = float(r.get("time", 0.0))
+    buddies = r.get("from_buddies") or []
+    sources = r.get("sources") or {}
+    who = ", ".join(f"rank {b} from rank {sources.get(str(b))}'s copy" for b in buddies) or "none"
+    lost = r.get("steps_lost")
+    lost_words = f"; {lost} step(s) lost" if isinstance(lost, int) else ""
+    return (
+        f"restored step {r.get('step')} from memory (replaced ranks: {who}; the others their own; every "
+        f"copy's SHA-256 and the model's digest checked) in {r.get('restore_s', 0.0):.1f} s{lost_words}"
+    )
+
+
+def _memory_lost(n: Narrator, r: dict[str, Any]) -> str:
+    ranks = ", ".join(map(str, r.get("ranks", [])))
+    return f"the snapshot memory of rank(s) {ranks} is lost with them: a buddy's copy (or the disk) restores them"
+
+
+def _init_from(n: Narrator, r: dict[str, Any]) -> None:
+    n.weights_from = r  # said in the start banner
+    return None
+
+
+def _count(value: Any) -> str:
+    if not isinstance(value, int | float):
+        return "?"
+    for unit, size in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if value >= size:
+            return f"{value / size:.2f}{unit}"
+    return str(value)
+
+
+def _run_start(n: Narrator, r: dict[str, Any]) -> str | None:
+    """The start banner: what trains, where, on what, from where (three lines under one prefix)."""
+    if not n.banner:
+        return None
+    keys, layout = r.get("trajectory_keys") or {}, r.get("layout") or {}
+    start, total = r.get("start_step", 0), r.get("max_steps")
+    where = "from step 0" if not start else f"resumed at step {start}"
+    model = (
+        f"{_count(r.get('parameters'))} parameters (dim {keys.get('model.dim')}, {keys.get('model.n_layers')} "
+        f"layers, vocab {keys.get('model.vocab_size')})"
+    )
+    precision = r.get("compute_dtype", "float32")
+    backend = layout.get("backend")
+    group = f" ({backend})" if backend not in (None, "none") else " (one process, no process group)"
+    place = (
+        f"{layout.get('world_size')} rank(s) = dp {layout.get('dp')} x tp {layout.get('tp')} on "
+        f"{r.get('device')}{group}, {precision}, activation checkpointing "
+        f"{r.get('activation_checkpointing', 'none')}"
+    )
+    gbs, seq = keys.get("train.global_batch_size"), keys.get("data.seq_len")
+    tokens = gbs * seq if isinstance(gbs, int) and isinstance(seq, int) else "?"
+    data = f"data {r.get('data') or '?'}: {gbs} x {seq} = {tokens} tokens per step"
+    if start:
+        weights = "weights from the checkpoint it resumed"
+    elif n.weights_from is not None:
+        w = n.weights_from
+        checked = "SHA-256 verified" if w.get("checksums") else "not checksummed"
+        weights = f"weights from init_from {w.get('path')} (loaded, {w.get('tensors')} tensors, {checked})"
+    else:
+        weights = "weights initialized from train.seed (no init_from)"
+    banner = f"training {r.get('name') or 'run'} {where} of {total}: {model}\n  {place}\n  {data}; {weights}"
+    return banner + (f"\n  {memory_line(n.memory)}" if n.memory is not None else "")
+
+
+def _memory_estimate(n: Narrator, r: dict[str, Any]) -> None:
+    n.memory = r  # said in the start banner: a refusal before it (a bad checkpoint) stays one line
+    return None
+
+
+def memory_line(r: dict[str, Any]) -> str:
+    """The estimate's line (parallel/memory.py terms, in GiB)."""
+
+    def g(key: str) -> str:
+        value = r.get(key)
+        return f"{value / 2**30:.2f} GiB" if isinstance(value, int | float) else "?"
+
+    available = r.get("available_bytes")
+    fits = "" if available is None else f"; {g('host_need_bytes')} of {g('available_bytes')} available"
+    return (
+        f"memory estimate {g('peak_bytes')} per rank (parameters {g('parameters_bytes')}, gradients "
+        f"{g('gradients_bytes')}, optimizer state {g('optimizer_state_bytes')}, activations "
+        f"{g('activations_bytes')}, runtime {g('runtime_bytes')}){fits}"
+    )
+
+
+def _eval(n: Narrator, r: dict[str, Any]) -> str:
+    return (
+        f"eval at step {r.get('step')}: loss {r.get('loss', float('nan')):.4f}, perplexity "
+        f"{r.get('perplexity', float('nan')):.2f} ({r.get('tokens')} tokens of {r.get('path')}, "
+        f"{r.get('eval_s', 0.0):.1f} s)"
+    )
+
+
+def _deadline_beyond_lead(n: Narrator, r: dict[str, Any]) -> str:
+    return (
+        f"warning: a graceful stop may now take up to {r.get('deadline_s', 0.0):.0f} s ({r.get('rule')}), more "
+        f"than resilience.scheduler_lead_time_s={r.get('scheduler_lead_time_s')}: a preemption would be killed "
+        "mid-save; ask the scheduler for an earlier warning (SLURM --signal=TERM@N) and raise "
+        "resilience.scheduler_lead_time_s to match"
+    )
+
+
 def _nan_rollback(n: Narrator, r: dict[str, Any]) -> str:
     return f"rolled back to step {r.get('to_step')} after {r.get('after_consecutive')} non-finite steps"
 
@@ -159,19 +281,30 @@ def _attempt_start(n: Narrator, r: dict[str, Any]) -> str | None:
     n.attempt_started = float(r.get("time", 0.0))
     if not n.restarting:
         return None
-    handed, restart = n.handoffs, n.restarting
-    n.restarting = n.handoffs = 0
-    how = f"warm: {handed} standby process(es) took over" if handed else "cold: fresh processes"
-    return f"restarting as attempt {r.get('attempt')} (restart {restart}; {how})"
+    handed, importing, restart, reason = n.handoffs, n.handoffs_importing, n.restarting, n.restart_reason
+    n.restarting = n.handoffs = n.handoffs_importing = 0
+    ready = handed - importing
+    if not handed:
+        how = "cold: fresh processes"
+    elif not importing:
+        how = f"warm: {ready} ready standby process(es) took over"
+    elif not ready:
+        how = f"{importing} standby process(es) still importing took over: no faster than a cold start"
+    else:
+        how = f"warm: {ready} ready standby process(es) took over, {importing} still importing"
+    after = f" after {reason}" if reason else ""
+    return f"restarting as attempt {r.get('attempt')} (restart {restart}{after}; {how})"
 
 
 def _handoff(n: Narrator, r: dict[str, Any]) -> None:
     n.handoffs += 1
+    n.handoffs_importing += 0 if r.get("ready") else 1
     return None
 
 
 def _restart(n: Narrator, r: dict[str, Any]) -> None:
-    n.restarting, n.handoffs = int(r.get("restart", 1)), 0
+    n.restarting, n.handoffs, n.handoffs_importing = int(r.get("restart", 1)), 0, 0
+    n.restart_reason = str(r.get("reason") or "")
     return None
 
 
@@ -187,6 +320,12 @@ def _failure_detected(n: Narrator, r: dict[str, Any]) -> str:
 
 def _supervisor_end(n: Narrator, r: dict[str, Any]) -> str | None:
     outcome, code, restarts = r.get("outcome"), r.get("exit_code"), r.get("restarts", 0)
+    if outcome == "requeue" and r.get("after_failure"):
+        return (
+            f"exit {code} (requeue me): preempted, but a rank failed while the job stopped ({r['after_failure']}), "
+            "so its checkpoint may not be saved; requeue the job or run the same command again: it resumes "
+            "from the newest verified checkpoint"
+        )
     if outcome == "requeue":
         return f"exit {code} (requeue me): preempted, checkpoint saved; requeue the job or run the same command again"
     if outcome == "interrupted":
@@ -206,7 +345,14 @@ LINES: dict[str, Callable[[Narrator, dict[str, Any]], str | None]] = {
     "checkpoint_quarantined": _quarantined,
     "checkpoint_verified": _verified,
     "checkpoint_restore": _restore,
+    "memory_restore": _memory_restore,
+    "memory_lost": _memory_lost,
     "nan_rollback": _nan_rollback,
+    "memory_estimate": _memory_estimate,
+    "init_from": _init_from,
+    "run_start": _run_start,
+    "eval": _eval,
+    "exit_deadline_beyond_lead_time": _deadline_beyond_lead,
     "attempt_start": _attempt_start,
     "standby_handoff": _handoff,
     "restart": _restart,

@@ -18,7 +18,7 @@ def build_optimizer(model: nn.Module, cfg: JobConfig) -> torch.optim.AdamW:
         {"params": decay, "weight_decay": o.weight_decay},
         {"params": no_decay, "weight_decay": 0.0},
     ]
-    return torch.optim.AdamW(groups, lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps, foreach=True)
+    return torch.optim.AdamW(groups, lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps, foreach=o.foreach)
 
 
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:

@@ -27,7 +27,11 @@ from pathlib import Path
 import torch
 
 import truestep
+from truestep.checkpoint.catalog import run_checkpoint_root
+from truestep.checkpoint.mechanisms import choose
+from truestep.checkpoint.ownership import current_run_id
 from truestep.checkpoint.resolver import decide_on_rank0
+from truestep.checkpoint.saver import Checkpointer
 from truestep.config.schema import JobConfig
 from truestep.core.errors import (
     ExitCode,
@@ -39,6 +43,7 @@ from truestep.core.errors import (
 )
 from truestep.core.fsio import make_dir
 from truestep.core.launch import Launch
+from truestep.core.names import TENSORBOARD_DIR
 from truestep.core.rundir import check_run_dir
 from truestep.core.status import RankStatus, StopReason
 from truestep.faults.hooks import set_context as set_fault_context
@@ -50,46 +55,55 @@ from truestep.resilience.lease import RunDirLease
 from truestep.telemetry import startup
 from truestep.telemetry.narrate import Narrator
 from truestep.telemetry.run_logs import RunLogs
+from truestep.telemetry.tensorboard import ScalarSinks
+from truestep.telemetry.wandb_logger import WandbWriter
 from truestep.train.hooks import (
     CheckpointHook,
     CollectiveTimeoutHook,
+    EvalHook,
     Hook,
     MetricsHook,
     NanGuardHook,
     PreemptionHook,
-    ResumeCheckHook,
-    WitnessHook,
 )
+from truestep.train.hooks.snapshot import SnapshotHook
 from truestep.train.loop import train_loop
+from truestep.train.memory import MemoryPath
+from truestep.train.restorer import Restorer
+from truestep.train.selfcheck import SelfCheckHook, StopWitnessHook
 from truestep.train.trainer import Trainer
 
 BUSY = -1
 
 
-def build_hooks(attempt: Attempt) -> list[Hook]:
-    """In call order. The resume self-check first, so that a diverged resume stops before the checkpoint
-    hook saves it (its on_start does nothing); then checkpoints: its on_start restores the state the
-    others report."""
-    checkpoints = CheckpointHook(attempt.fence, attempt.number)
-    metrics = MetricsHook()
-    witness = WitnessHook(
-        metrics, lambda: checkpoints.restore_facts.get("layout_changed", False)
-    )  # after checkpoints: it reads the restored state, witnesses the saved one
-    resume_check = ResumeCheckHook(
-        metrics,
-        lambda: checkpoints.restore_facts.get("layout_changed", False),
-        lambda: witness.active,
-        lambda: checkpoints.restore_facts.get("restored_digest", ""),
-    )
-    return [
-        resume_check,
-        checkpoints,
-        witness,
+def build_hooks(
+    checkpointer: Checkpointer, sinks: ScalarSinks, memory: MemoryPath | None = None
+) -> list[Hook]:
+    """One hook per mechanism; the loop runs them in their `Slot` order (train/hooks/base.py). Hooks that
+    share an output share the object (the scalar sinks: TensorBoard, W&B), never each other."""
+    hooks: list[Hook] = [
+        SelfCheckHook(sinks),
+        CheckpointHook(checkpointer),
+        StopWitnessHook(),
         CollectiveTimeoutHook(),
-        metrics,
-        NanGuardHook(checkpoints),
+        MetricsHook(sinks),
+        EvalHook(sinks),
+        NanGuardHook(),
         PreemptionHook(),
     ]
+    if memory is not None:
+        hooks.append(SnapshotHook(memory))
+    return hooks
+
+
+def scalar_sinks(cfg: JobConfig, ctx: DistContext, run_dir: Path, attempt: int) -> ScalarSinks:
+    """Rank 0's TensorBoard and W&B outputs, each when it is on (the other ranks write none)."""
+    m = cfg.metrics
+    tensorboard = run_dir / TENSORBOARD_DIR if ctx.is_main and m.tensorboard else None
+    wandb = (
+        (lambda: WandbWriter(run_dir, cfg, m.wandb, attempt)) if ctx.is_main and m.wandb != "off" else None
+    )
+    return ScalarSinks(tensorboard, wandb)
 
 
 def exit_code(cfg: JobConfig, stop_reason: StopReason | None) -> int:
@@ -105,9 +119,12 @@ def _lost_lease(err: FencedError) -> None:
     os._exit(ExitCode.FENCED)
 
 
-def failure_of(err: BaseException) -> tuple[int, str] | None:
+def failure_of(err: BaseException, supervised: bool = False) -> tuple[int, str] | None:
     """(exit code, one line) for an expected way to stop; None for a bug (which keeps its traceback).
-    `core.errors.expected_failure`, plus what only a training process meets: memory, the process group."""
+    `core.errors.expected_failure`, plus what only a training process meets: memory, the process group.
+    A collective broken because another rank is gone is the echo of that rank's failure, not a network
+    fault: under a supervisor (`supervised`), whose "failure detected" line names the rank, the line
+    says so and points there; without one it says a peer left (gloo's words in parentheses)."""
     failure = expected_failure(err)
     if failure is not None:
         code, line = failure
@@ -121,7 +138,11 @@ def failure_of(err: BaseException) -> tuple[int, str] | None:
         ), f"out of memory: {str(oom).splitlines()[0] if str(oom) else type(oom).__name__}"
     gone = next((peer_left(c) for c in causes(err) if peer_left(c)), None)
     if gone is not None:
-        return int(ExitCode.FAILURE), f"a peer rank left the process group ({gone}); details in events.jsonl"
+        if supervised:
+            line = "stopping: another rank of this job failed (see the supervisor's 'failure detected' line)"
+        else:
+            line = f"stopping: a peer rank left the process group (it exited or was killed; gloo: {gone})"
+        return int(ExitCode.FAILURE), f"{line}; details in events.jsonl"
     dist_error = next((c for c in causes(err) if isinstance(c, torch.distributed.DistError)), None)
     if dist_error is not None:
         return int(ExitCode.FAILURE), f"process group failed: {str(dist_error).splitlines()[0]}"
@@ -183,16 +204,17 @@ def run_training(cfg: JobConfig, launch: Launch, status: RankStatus, attempt: At
                 heartbeat.start()
         elif ctx.is_main:
             check_run_dir(Path(cfg.run.dir))  # the supervisor checked too; files can appear since
-        hooks = build_hooks(attempt)
-        code = _train(cfg, ctx, status, attempt, rendezvous, hooks, launch.supervised)
+        code = _train(cfg, ctx, status, attempt, rendezvous, hooks, launch)
     except BaseException as err:  # noqa: BLE001 - classified below; a bug is re-raised untouched
-        failure = failure_of(err)
+        failure = failure_of(err, launch.supervised)
         if failure is None:
             raise
         code, line = failure
-        # A refusal every rank shares is printed once; one rank's own failure by that rank.
-        if ctx.is_main or not isinstance(err, TruestepError) or err.rank_local:
-            who = "" if ctx.is_main or not ctx.distributed else f"rank {ctx.rank}: "
+        # A refusal every rank shares is printed once, by rank 0, as the job's; one rank's own failure
+        # by that rank, always saying which (rank 0 too: several ranks may say it, in any order).
+        rank_local = not isinstance(err, TruestepError) or err.rank_local
+        if ctx.is_main or rank_local:
+            who = f"rank {ctx.rank}: " if ctx.distributed and rank_local else ""
             if launch.debug:  # truestep --debug
                 traceback.print_exception(err)
             print(f"truestep train: {who}{line}", file=sys.stderr, flush=True)
@@ -223,25 +245,45 @@ def _train(
     attempt: Attempt,
     rendezvous: dict[str, float],
     hooks: list[Hook],
-    launch_supervised: bool,
+    launch: Launch,
 ) -> int:
+    """Build the trainer, its checkpointing and its hooks (appended to `hooks`, which the caller closes
+    whatever happens), run the loop, return the exit code its stop reason says."""
     run_dir = Path(cfg.run.dir)
     narrator = Narrator(
         "truestep train",
-        says_exit=not launch_supervised,
+        says_exit=not launch.supervised,
         requeue_code=cfg.resilience.requeue_exit_code,
         enabled=cfg.metrics.narrate,
+        banner=cfg.metrics.banner,
     )
     logs = RunLogs(run_dir, attempt.number, enabled=ctx.is_main, narrator=narrator)
     logs.event("rendezvous", **rendezvous)  # process group and mesh up: a phase of MTTR
     try:
         trainer = Trainer(cfg, ctx, logs, status)
-        train_loop(trainer, hooks)
+        run_id = current_run_id(run_dir)
+        mechanisms = choose(cfg.checkpoint)  # the ablation variants, chosen once for this rank
+        checkpointer = Checkpointer(
+            run_checkpoint_root(run_dir, cfg.checkpoint.dir),
+            cfg.checkpoint,
+            ctx,
+            logs,
+            trainer.trajectory_keys,
+            attempt.fence,
+            attempt.number,
+            run_id,
+            mechanisms,
+        )
+        memory = None
+        if cfg.resilience.snapshot_every_steps and run_id:  # a run without a lease has no memory to name
+            memory = MemoryPath(trainer, run_id, launch.local_world_size)
+        hooks.extend(build_hooks(checkpointer, scalar_sinks(cfg, ctx, run_dir, attempt.number), memory))
+        train_loop(trainer, hooks, Restorer(trainer, checkpointer, mechanisms, memory))
     except TruestepError as err:
         logs.event("run_refused", error=type(err).__name__, message=str(err), exit_code=int(err.exit_code))
         raise
     except BaseException as err:
-        failure = failure_of(err)
+        failure = failure_of(err, launch.supervised)
         if failure is not None:  # expected: one line on stderr, the traceback here
             trace = "".join(traceback.format_exception(err))
             logs.event(

@@ -1,7 +1,8 @@
 """The Trainer: everything one rank holds (model, optimizer, data, counters) and the step itself.
 
 It is also what a checkpoint saves and loads (checkpoint.state.Checkpointable): DCP-able weights and
-optimizer state, and a JSON-safe RankState. Nothing outside reaches into it to set fields.
+optimizer state, and a JSON-safe RankState. Nothing outside reaches into it to set fields: hooks see it
+through a StepView (train/view.py), the restorer through Checkpointable.
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ import truestep
 from truestep.checkpoint.catalog import committed_dirs, run_checkpoint_root
 from truestep.checkpoint.init_from import precheck_init_from
 from truestep.checkpoint.resolver import ResumeError
-from truestep.checkpoint.state import RankState, RngPolicy
+from truestep.checkpoint.restored import RngPolicy
+from truestep.checkpoint.state import RankState
 from truestep.config.errors import ConfigError
 from truestep.config.fingerprint import fingerprint, trajectory_keys
 from truestep.config.load import to_toml
@@ -40,12 +42,17 @@ from truestep.core.status import RankStatus, StopReason
 from truestep.data import build_loader
 from truestep.faults.hooks import armed as armed_faults
 from truestep.faults.hooks import poison_loss
+from truestep.model.llama import count_parameters
+from truestep.model.recompute import set_activation_checkpointing
 from truestep.parallel.dist import DistContext
 from truestep.parallel.grad_norm import clip_grad_norm
-from truestep.parallel.parallelize import build_model, init_parameters
+from truestep.parallel.parallelize import build_model, init_parameters, uses_mixed_precision
+from truestep.resilience.startup_stop import stop_if_signalled
 from truestep.telemetry import startup
+from truestep.telemetry.digest import param_digest
 from truestep.telemetry.run_logs import RunLogs
 from truestep.train.emulation import GradientNoise, RestoreError
+from truestep.train.memory_check import check_memory
 from truestep.train.optimizer import build_optimizer, set_lr
 from truestep.train.rng import capture_rng, restore_rng, seed_streams
 from truestep.train.schedule import lr_at
@@ -92,7 +99,7 @@ class StepResult:
 class Trainer:
     def __init__(self, cfg: JobConfig, ctx: DistContext, logs: RunLogs, status: RankStatus) -> None:
         """Allocate what this rank holds; nothing is initialized yet. A resume loads every parameter; a
-        fresh start calls `initialize` (train/hooks/checkpointing.py). No step runs before one of them."""
+        fresh start calls `initialize` (train/restorer.py). No step runs before one of them."""
         built = time.perf_counter()
         self.cfg = cfg
         self.ctx = ctx
@@ -111,7 +118,10 @@ class Trainer:
         ):
             # A fresh start from given weights: refuse a misfit before allocating the model.
             precheck_init_from(cfg.checkpoint.init_from, cfg.model)
+        stop_if_signalled(cfg, ctx, "before building the model", logs.event, 0)  # preempted while starting
+        self.memory_estimate = check_memory(cfg, ctx, logs)  # before anything big is allocated
         self.model = build_model(ctx, cfg, initialize=False)  # a resume draws no random init
+        set_activation_checkpointing(self.model, cfg.train.activation_checkpointing)
         self.weights_set = False
         """True once the weights are initialized or loaded whole: before that a step is refused."""
         self.params = [p for p in self.model.parameters() if p.requires_grad]
@@ -140,10 +150,6 @@ class Trainer:
         )
         self.restore_error = RestoreError(t.emulate_restore_error, ctx) if t.emulate_restore_error else None
         startup.add("build", time.perf_counter() - built)
-        if not cfg.checkpoint.atomic_commit:
-            # Ablation: the naive trainer it reproduces initializes at build and loads a torn checkpoint
-            # over that (checkpoint.state.restore), keeping whatever it could not load.
-            self.initialize()
 
     def log_start(self) -> None:
         if self.ctx.is_main:
@@ -159,9 +165,18 @@ class Trainer:
             torch_version=torch.__version__,
             start_step=self.state.step,
             process_start=truestep.STARTED_AT,
+            handoff_at=truestep.HANDED_OVER_AT,  # a warm standby's rank began here (truestep/__init__.py)
             max_steps=self.cfg.train.max_steps,
             faults=[spec.text for spec in armed_faults()],  # an armed fault is never silent
             state=asdict(self.state),
+            parameters=count_parameters(self.cfg.model),
+            compute_dtype="bfloat16"
+            if self.ctx.dp > 1 and uses_mixed_precision(self.cfg, self.ctx.device.type)
+            else "float32",
+            activation_checkpointing=self.cfg.train.activation_checkpointing,
+            data=self.cfg.data.path
+            or ", ".join(f"{s.path} ({s.weight:g})" for s in self.cfg.data.sources)
+            or "built-in demo corpus",
             startup_phases=startup.snapshot(),  # seconds: import, build, init, verify, load
         )
 
@@ -221,7 +236,8 @@ class Trainer:
         return state
 
     def load_dcp_state_dict(self, state: dict[str, Any]) -> None:
-        """Every item of `state` was loaded (checkpoint.state.restore calls this only then)."""
+        """Every item of `state` was loaded (checkpoint/restore.py and checkpoint/memory/restore.py call
+        this only then)."""
         with startup.timed("load"):
             set_model_state_dict(self.model, state["model"])
             if "optim" in state:
@@ -245,6 +261,10 @@ class Trainer:
         self.loader.load_state_dict(self.initial_data_position)
         seed_streams(self.cfg.train.seed, self.ctx.dp_rank, step=0)
         self.weights_set = True
+
+    def param_digest(self) -> str:
+        """Collective: the digest of the parameters as they are now."""
+        return param_digest(self.model, self.ctx)
 
     def rank_state(self) -> RankState:
         return RankState(asdict(self.state), self.loader.state_dict(), capture_rng())

@@ -22,6 +22,7 @@ from truestep.analysis.report.sections import (
     goodput_blocks,
     mttr_blocks,
 )
+from truestep.analysis.report.training import training_blocks
 from truestep.analysis.summary import ExperimentSummary, GroupSummary, RunAnalysis
 
 FLOOR_TEXT = (
@@ -73,10 +74,23 @@ def runs_table(group: GroupSummary) -> Table:
     )
 
 
-def run_section(run: RunAnalysis, group: GroupSummary, figures: Figures) -> list[Block]:
+FULL_ROLES = ("reference", "faulted", "run")
+"""Runs reported in full. A floor repeat is a failure-free rerun (the runs table and the floor section say
+what it showed); an ablation cell's point is its verdict and recovery path (the matrix and the runs table
+give its goodput): their sections leave out what would repeat the others' (the demo's report was 1,248
+lines)."""
+
+
+def run_section(
+    run: RunAnalysis, group: GroupSummary, figures: Figures, explain_mttr: bool = True
+) -> list[Block]:
     blocks: list[Block] = [Heading(3, f"Run `{run.name}`")]
     text = f"Directory `{run.path}`. "
     text += f"Faults: {', '.join(f'`{f}`' for f in run.faults)}. " if run.faults else "No faults injected. "
+    others = [i for i in run.incidents if i.origin != "injected"]
+    if others:
+        kinds = ", ".join(sorted({f"{i.kind} ({i.origin})" for i in others}))
+        text += f"Recovered from {len(others)} incident(s) nobody injected: {kinds}. "
     text += f"Resumes: {run.resumes}. "
     if run.role == "reference":
         text += "This is the reference every other run is compared with."
@@ -84,11 +98,22 @@ def run_section(run: RunAnalysis, group: GroupSummary, figures: Figures) -> list
         text += f"Same seed, no faults: one of the repeats the floor is made of ({run.verdict.label})."
     else:
         text += f"Verdict: **{run.verdict.label}**."
+    if run.role not in FULL_ROLES:
+        text += (
+            " Its goodput and badput are in the runs table and summary.json."
+            if run.role != "floor"
+            else " Its numbers are in the runs table and summary.json."
+        )
     blocks.append(Para(text))
-    blocks += fidelity_blocks(run, group.floor)
-    blocks += recovery_blocks(run)
-    blocks += goodput_blocks(run)
-    blocks += mttr_blocks(run)
+    full = run.role in FULL_ROLES
+    if full or not run.verdict.preserving:  # a verdict the paragraph above does not say all of
+        blocks += fidelity_blocks(run, group.floor)
+    if run.role != "floor":
+        blocks += recovery_blocks(run)
+    if full:
+        blocks += goodput_blocks(run)
+    blocks += mttr_blocks(run, explain_mttr)
+    blocks += training_blocks(run)
     return blocks + figures.runs.get(run.name, [])
 
 
@@ -100,8 +125,10 @@ def group_blocks(group: GroupSummary, figures: Figures, full: bool) -> list[Bloc
     blocks += [Para(FLOOR_TEXT), *floor_blocks(group.floor), *figures.floors.get(group.name, [])]
     blocks += [Heading(3 if group.name else 2, "Runs"), runs_table(group)]
     if full:
+        explained = False
         for run in ordered_runs(group):
-            blocks += run_section(run, group, figures)
+            blocks += run_section(run, group, figures, explain_mttr=not explained)
+            explained = explained or bool(run.incidents)
     if group.cells:
         blocks += [Heading(3 if group.name else 2, "Ablation"), *ablation_blocks(group)]
         blocks += figures.ablation.get(group.name, [])

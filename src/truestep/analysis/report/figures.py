@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from truestep.analysis.report.blocks import Image
-from truestep.analysis.report.document import Figures, ordered_runs
+from truestep.analysis.report.document import FULL_ROLES, Figures, ordered_runs
 from truestep.analysis.runlog import RunLog, RunLogError
 from truestep.analysis.summary import ExperimentSummary, GroupSummary
 
@@ -121,9 +121,12 @@ def _group_plots(group: GroupSummary, plot_dir: Path, figures: Figures, full: bo
                     f"deviation from the reference: {run.name}",
                 ),
             )
+        if run.role not in FULL_ROLES:
+            continue  # its timeline draws the badput table its compact section leaves out
         faults = [
             (e["time"], f"{e.get('kind', 'fault')}@{e.get('step')}") for e in log.named("fault_injected")
         ]
+        faults += [(i.fault_time, f"{i.kind} ({i.origin})") for i in run.incidents if i.origin != "injected"]
         _attempt(
             figures,
             images,

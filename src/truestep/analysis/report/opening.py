@@ -11,7 +11,8 @@ from truestep.analysis.verdict import Status
 
 def floor_sentence(floor: FloorModel) -> str:
     k = floor.k
-    notes = (" " + " ".join(f"({n})" for n in floor.notes)) if floor.notes else ""
+    said = floor.notes + floor.precision
+    notes = (" " + " ".join(f"({n})" for n in said)) if said else ""
     if not k:
         return "No floor was measured: exact equality with the reference is assumed." + notes
     repeats = plural(k, "distinct same-seed repeat")
@@ -38,9 +39,16 @@ def floor_sentence(floor: FloorModel) -> str:
 def faulted_sentence(run: RunAnalysis) -> str:
     assert run.comparison is not None
     c, v = run.comparison, run.verdict
-    kinds = sorted({i.kind for i in run.incidents}) or sorted({f.split(":")[0] for f in run.faults})
+    injected = [i for i in run.incidents if i.origin == "injected"]
+    kinds = sorted({i.kind for i in injected}) or sorted({f.split(":")[0] for f in run.faults})
     what = f"after {plural(len(run.faults), 'injected fault')}"
     what += f" ({', '.join(kinds)})" if kinds else ""
+    others = sorted({i.kind for i in run.incidents if i.origin != "injected"})
+    what += (
+        f", {plural(len(run.incidents) - len(injected), 'failure')} nobody injected ({', '.join(others)})"
+        if others
+        else ""
+    )
     what += f" and {plural(run.resumes, 'resume')}"
     if v.status is Status.BITWISE:
         assert v.evidence is not None

@@ -10,7 +10,9 @@ from typing import Any
 
 from truestep.analysis.report.blocks import Block, Para, Table
 from truestep.analysis.report.format import fmt_seconds
+from truestep.analysis.runlog import RunLog
 from truestep.analysis.summary import RunAnalysis
+from truestep.core.errors import RefusedError
 from truestep.core.names import EVENTS_FILE
 from truestep.telemetry.jsonl import read_jsonl
 
@@ -31,21 +33,34 @@ WORDS = {
 """Event kind -> (what happened, its detail)."""
 
 
-def recovery_rows(run_dir: Path) -> list[list[str]]:
+def recovery_rows(run_dir: Path, commits: dict[int, str] | None = None) -> list[list[str]]:
+    """`commits`: RunLog.commit_evidence, for what a restore's row says about its checkpoint's commit."""
     rows = []
     for e in read_jsonl(run_dir / EVENTS_FILE):
         words = WORDS.get(str(e.get("event")))
         if words is None:
             continue
         step = e.get("step", e.get("to_step"))
-        rows.append([str(e.get("attempt", "—")), words[0], "—" if step is None else str(step), words[1](e)])
+        detail = words[1](e)
+        if e.get("event") == "checkpoint_restore" and commits is not None and isinstance(step, int):
+            evidence = commits.get(step)
+            detail += (
+                f"; committed: {evidence}"
+                if evidence
+                else "; NOT known to be committed (no commit event, no verified or on-disk marker)"
+            )
+        rows.append([str(e.get("attempt", "—")), words[0], "—" if step is None else str(step), detail])
     return rows
 
 
 def recovery_blocks(run: RunAnalysis) -> list[Block]:
     try:
-        rows = recovery_rows(Path(run.path))
-    except (OSError, ValueError) as err:  # the run's other sections still stand; say what is missing
+        rows = recovery_rows(Path(run.path), RunLog.load(run.path).commit_evidence())
+    except (
+        OSError,
+        ValueError,
+        RefusedError,
+    ) as err:  # RunLogError, where checkpoints are kept  # the run's other sections still stand; say what is missing
         return [Para(f"Recovery path: the event log could not be read ({err}).")]
     if not rows:
         return [Para("Recovery path: no checkpoint was restored, quarantined or set aside.")]

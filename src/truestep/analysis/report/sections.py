@@ -41,6 +41,7 @@ def floor_blocks(floor: FloorModel) -> list[Block]:
             )
         )
     rows += [("not counted", note) for note in floor.notes]
+    rows += [("logged precision", note) for note in floor.precision]
     blocks: list[Block] = [kv_table(rows)]
     if floor.bitwise:
         return blocks
@@ -180,41 +181,52 @@ def goodput_blocks(run: RunAnalysis) -> list[Block]:
     def share(x: float) -> str:
         return fmt_pct(x / wall) if wall else "—"
 
-    bad_rows = [
-        [k.replace("_", " "), fmt_seconds(gp.badput_s[k]), share(gp.badput_s[k])] for k in BADPUT_ORDER
-    ]
+    # Buckets with nothing in them are named in one line, not given a row each (a report of the demo
+    # repeated a dozen zero rows per run).
+    shown = [k for k in BADPUT_ORDER if gp.badput_s[k]]
+    bad_rows = [[k.replace("_", " "), fmt_seconds(gp.badput_s[k]), share(gp.badput_s[k])] for k in shown]
     bad_rows.append(["useful (kept, correct steps)", fmt_seconds(gp.useful_s), share(gp.useful_s)])
     total = sum(gp.badput_s.values()) + gp.useful_s
     bad_rows.append(["**total**", fmt_seconds(total), share(total)])
+    empty = [k.replace("_", " ") for k in BADPUT_ORDER if not gp.badput_s[k]]
     blocks: list[Block] = [
         Heading(4, "Goodput"),
         kv_table(rows),
         Heading(4, "Badput"),
         Table(["bucket", "seconds", "% of wall"], bad_rows),
     ]
+    if empty:
+        blocks.append(Para(f"0 s: {', '.join(empty)}."))
     if gp.inconsistencies:
         blocks.append(Para("**Accounting inconsistencies:** " + "; ".join(gp.inconsistencies) + "."))
     return blocks
 
 
-def mttr_blocks(run: RunAnalysis) -> list[Block]:
+MTTR_TEXT = (
+    "Per incident -- a fault injected, a failure the supervisor detected that nobody injected (from "
+    "the rank's last sign of health the supervisor recorded), or a relaunch after a preemption or a "
+    "job that vanished (from the first signal, or its last record) --: fault → detected → all ranks "
+    "down → relaunched → restored → first new step (MTTR), and fault → the pre-fault step reached "
+    "again (regain). — = the run never got there, or the moment is not known."
+)
+
+
+def mttr_blocks(run: RunAnalysis, explain: bool = True) -> list[Block]:
+    """`explain`: with the paragraph saying what the columns are (said once per report)."""
     if not run.incidents:
         return []
     rows = [
-        [str(n), inc.kind, str(inc.pre_fault_step)]
+        [str(n), inc.kind, inc.origin, str(inc.pre_fault_step)]
         + [fmt_seconds(inc.phases_s[p]) for p in PHASES]
         + [fmt_seconds(inc.mttr_s), fmt_seconds(inc.regain_s)]
         for n, inc in enumerate(run.incidents, 1)
     ]
     return [
         Heading(4, "Time to recovery"),
-        Para(
-            "Per injected fault: fault → detected → all ranks down → relaunched → restored → first new step "
-            "(MTTR), and fault → the pre-fault step reached again (regain). — = the run never got there."
-        ),
+        *([Para(MTTR_TEXT)] if explain else []),
         Table(
-            ["#", "kind", "pre-fault step", "detect", "teardown", "relaunch", "start + restore", "first step"]
-            + ["MTTR", "regain"],
+            ["#", "kind", "origin", "pre-fault step", "detect", "teardown", "relaunch", "start + restore"]
+            + ["first step", "MTTR", "regain"],
             rows,
         ),
     ]

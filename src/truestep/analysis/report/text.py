@@ -18,7 +18,18 @@ from truestep.analysis.report.format import (
 from truestep.analysis.report.sections import digest_text
 from truestep.analysis.summary import RunAnalysis
 
-TEXT_SECTIONS = ("fidelity", "goodput", "badput", "mttr", "checkpoint")
+TEXT_SECTIONS = ("fidelity", "goodput", "badput", "mttr", "checkpoint", "training")
+
+
+def incident_summary(run: RunAnalysis) -> str:
+    """The faults injected, then what else the job recovered from: a failure detected with no fault
+    injected, or a relaunch after a preemption or a lost job (analysis/mttr.py)."""
+    text = f"faults: {'; '.join(run.faults) if run.faults else 'none injected'}"
+    for origin, words in (("detected", "failures detected"), ("relaunch", "relaunches")):
+        found = [i.kind for i in run.incidents if i.origin == origin]
+        if found:
+            text += f"; {words}: {len(found)} ({', '.join(sorted(set(found)))})"
+    return text
 
 
 def render_run_text(run: RunAnalysis, sections: Iterable[str] | None = None) -> str:
@@ -29,10 +40,7 @@ def render_run_text(run: RunAnalysis, sections: Iterable[str] | None = None) -> 
     unknown = want - set(TEXT_SECTIONS)
     if unknown:
         raise ValueError(f"unknown sections {sorted(unknown)}; choose from {list(TEXT_SECTIONS)}")
-    lines = [
-        f"{run.name}: {run.verdict.label}"
-        + f"  (faults: {'; '.join(run.faults) if run.faults else 'none'}; resumes: {run.resumes})"
-    ]
+    lines = [f"{run.name}: {run.verdict.label}  ({incident_summary(run)}; resumes: {run.resumes})"]
 
     def row(label: str, text: str) -> None:
         lines.append(f"  {label:<11} {text}")
@@ -88,13 +96,14 @@ def render_run_text(run: RunAnalysis, sections: Iterable[str] | None = None) -> 
     if "mttr" in want:
         for inc in run.incidents:
             parts = " + ".join(f"{PHASE_LABELS[p]} {fmt_seconds(inc.phases_s[p])}" for p in PHASES)
+            origin = "" if inc.origin == "injected" else f" ({inc.origin})"
             startup = inc.startup_s or {}
             inside = ", ".join(
                 f"{k} {fmt_seconds(v)}" for k, v in startup.items() if isinstance(v, int | float)
             )
             row(
                 "mttr",
-                f"{inc.kind} at step {inc.pre_fault_step}: {fmt_seconds(inc.mttr_s)} = {parts}; "
+                f"{inc.kind}{origin} at step {inc.pre_fault_step}: {fmt_seconds(inc.mttr_s)} = {parts}; "
                 f"regained after {fmt_seconds(inc.regain_s)}"
                 + (f"; the new attempt's start-up: {inside}" if inside else ""),
             )
@@ -104,5 +113,16 @@ def render_run_text(run: RunAnalysis, sections: Iterable[str] | None = None) -> 
             "checkpoint",
             f"{plural(ck.saves, 'save')}, mean blocking {fmt_seconds(ck.mean_blocking_s)}, "
             f"{fmt_pct(ck.amortized_blocking_fraction)} of training time",
+        )
+    if "training" in want and run.peak_mem_bytes_per_rank:
+        estimated = run.memory_estimate_bytes
+        said = f"estimated {estimated / 2**30:.2f} GiB per rank; " if estimated is not None else ""
+        measured = ", ".join(f"rank {r} {p / 2**30:.2f}" for r, p in enumerate(run.peak_mem_bytes_per_rank))
+        row("memory", f"{said}measured peak GiB: {measured}")
+    if "training" in want and run.evals:
+        step, loss, ppl = run.evals[-1]
+        row(
+            "eval",
+            f"step {step}: held-out loss {loss:.4f}, perplexity {ppl:.2f} ({len(run.evals)} evaluations)",
         )
     return "\n".join(lines)

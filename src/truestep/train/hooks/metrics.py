@@ -1,5 +1,6 @@
-"""The logging hook: one metrics.jsonl line per step, console progress, TensorBoard, and run_end with
-the parameter digest."""
+"""The logging hook: one metrics.jsonl line per step (with every rank's peak memory), console progress
+(a bar on a terminal, plain step lines elsewhere), TensorBoard and W&B, and run_end with the parameter
+digest."""
 
 from __future__ import annotations
 
@@ -7,67 +8,96 @@ import time
 from dataclasses import asdict
 from typing import TYPE_CHECKING
 
-from truestep.core.names import TENSORBOARD_DIR
 from truestep.core.status import StopReason
+from truestep.model.flops import flops_per_token
+from truestep.parallel.parallelize import uses_mixed_precision
 from truestep.telemetry.digest import param_digest
-from truestep.telemetry.progress import Progress
-from truestep.telemetry.tensorboard import TensorBoardWriter
-from truestep.train.hooks.base import Hook
+from truestep.telemetry.progress import Progress, StepStats
+from truestep.telemetry.tensorboard import ScalarSinks
+from truestep.telemetry.throughput import device_peak_flops, mfu
+from truestep.train.hooks.base import Hook, Slot
+from truestep.train.memory_check import peak_over_ranks, peaks_per_rank
 
 if TYPE_CHECKING:
-    from truestep.train.trainer import StepResult, Trainer
+    from truestep.train.restorer import Start
+    from truestep.train.trainer import StepResult
+    from truestep.train.view import StepView
 
 
-def step_fields(trainer: Trainer, result: StepResult) -> dict[str, float | int]:
+def step_fields(view: StepView, result: StepResult) -> dict[str, float | int]:
     """The scalars of a step's metrics line (the resume self-check compares a replayed step by them)."""
+    state = view.state
     return {
-        "step": trainer.state.step,
+        "step": state.step,
         "loss": result.loss,
         "grad_norm": result.grad_norm,
         "lr": result.lr,
-        "tokens_seen": trainer.state.tokens_seen,
+        "tokens_seen": state.tokens_seen,
         "step_time": result.step_time,
     }
 
 
 class MetricsHook(Hook):
-    def __init__(self) -> None:
+    slot = Slot.METRICS
+
+    def __init__(self, sinks: ScalarSinks) -> None:
         self.progress: Progress | None = None
-        self.tensorboard: TensorBoardWriter | None = None
+        self.sinks = sinks
+        self.flops_per_token = 0.0
+        self.peak_flops: float | None = None
 
-    def on_start(self, trainer: Trainer) -> None:
-        m = trainer.cfg.metrics
-        main = trainer.ctx.is_main
+    def on_start(self, view: StepView, start: Start) -> None:
+        cfg, ctx = view.cfg, view.ctx
+        m = cfg.metrics
         self.progress = Progress(
-            trainer.cfg.train.max_steps, trainer.state.step, main and m.progress, m.log_every
+            cfg.train.max_steps, view.step, ctx.is_main, m.log_every, bar=m.progress, lines=m.step_lines
         )
-        if main and m.tensorboard:
-            self.tensorboard = TensorBoardWriter(trainer.run_dir / TENSORBOARD_DIR, trainer.state.step)
+        self.sinks.open(view.step)
+        self.flops_per_token = flops_per_token(cfg.model, cfg.data.seq_len)
+        bf16 = ctx.dp > 1 and uses_mixed_precision(cfg, ctx.device.type)
+        self.peak_flops = device_peak_flops(ctx.device, bf16)
 
-    def after_step(self, trainer: Trainer, result: StepResult) -> None:
-        state = trainer.state
-        fields = step_fields(trainer, result)
-        per_source = trainer.loader.tokens_per_source()
+    def after_step(self, view: StepView, result: StepResult) -> None:
+        fields = step_fields(view, result)
+        per_source = view.tokens_per_source()
+        peak = peak_over_ranks(view.ctx)  # collective: every rank runs this hook
         # A mixture also logs the tokens drawn from each source, by its configured path.
-        trainer.logs.metrics(
-            **fields, **({"tokens_per_source": per_source} if per_source is not None else {})
+        view.logs.metrics(
+            **fields,
+            peak_mem_bytes=peak,
+            **({"tokens_per_source": per_source} if per_source is not None else {}),
         )
-        if self.tensorboard is not None:
-            self.tensorboard.scalars(state.step, fields)
+        self.sinks.train(view.step, {**fields, "peak_mem_bytes": peak})
         assert self.progress is not None
-        self.progress.update(state.step, result.loss, trainer.tokens_per_step / max(result.step_time, 1e-9))
+        tokens_per_s = view.tokens_per_step / max(result.step_time, 1e-9)
+        world = view.ctx.world_size
+        self.progress.update(
+            StepStats(
+                view.step,
+                result.loss,
+                result.lr,
+                result.grad_norm,
+                tokens_per_s,
+                peak,
+                mfu(tokens_per_s, self.flops_per_token, self.peak_flops, world),
+            )
+        )
 
-    def on_end(self, trainer: Trainer) -> None:
+    def on_end(self, view: StepView) -> None:
         if self.progress is not None:
             self.progress.close()
-        if self.tensorboard is not None:
-            self.tensorboard.close()
-        digest = param_digest(trainer.model, trainer.ctx)
-        trainer.logs.event(
+        self.sinks.close()
+        digest = param_digest(view.model, view.ctx)
+        peaks = peaks_per_rank(view.ctx)
+        view.logs.event(
             "run_end",
-            step=trainer.state.step,
-            reason=str(trainer.stop_reason or StopReason.COMPLETED),
+            step=view.step,
+            reason=str(view.stop_reason or StopReason.COMPLETED),
             param_digest=digest,
-            state=asdict(trainer.state),
+            peak_mem_bytes_per_rank=peaks,
+            state=asdict(view.state),
             end_wall=time.time(),
         )
+
+    def close(self) -> None:
+        self.sinks.close()

@@ -6,24 +6,27 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from truestep.resilience.timeouts import set_collective_timeout
-from truestep.train.hooks.base import Hook
+from truestep.train.hooks.base import Hook, Slot
 
 if TYPE_CHECKING:
-    from truestep.train.trainer import StepResult, Trainer
+    from truestep.train.trainer import StepResult
+    from truestep.train.view import StepView
 
 
 class CollectiveTimeoutHook(Hook):
+    slot = Slot.TIMEOUTS
+
     def __init__(self) -> None:
         self.shortened = False
 
-    def after_step(self, trainer: Trainer, result: StepResult) -> None:
+    def after_step(self, view: StepView, result: StepResult) -> None:
         if not self.shortened:
-            seconds = trainer.cfg.resilience.collective_timeout_s
-            set_collective_timeout(trainer.ctx, seconds)
+            seconds = view.cfg.resilience.collective_timeout_s
+            set_collective_timeout(view.ctx, seconds)
             self.shortened = True
-            trainer.logs.event("collective_timeout_set", seconds=seconds)
+            view.logs.event("collective_timeout_set", seconds=seconds)
 
-    def on_end(self, trainer: Trainer) -> None:
+    def on_end(self, view: StepView) -> None:
         # The final save and teardown may take longer than a step: give them the start-up budget.
         if self.shortened:
-            set_collective_timeout(trainer.ctx, trainer.cfg.parallel.init_timeout_s)
+            set_collective_timeout(view.ctx, view.cfg.parallel.init_timeout_s)
