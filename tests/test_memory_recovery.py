@@ -59,6 +59,11 @@ def assert_restored_from_memory(run: Path, output: str) -> dict:
     assert restore["from_buddies"] == [1] and restore["steps_lost"] <= 1, restore
     assert events(run, "checkpoint_restore") == []  # the disk was not needed
     assert f"restored step {restore['step']} from memory" in output
+    # A memory restore loads the weights, like a disk one: no init is drawn; finding and checking the
+    # copies is the start-up's verify phase, copying them into the model its load phase.
+    (began,) = [e for e in events(run, "run_start") if e["attempt"] == restore["attempt"]]
+    phases = began["startup_phases"]
+    assert phases["init"] == 0 and phases["verify"] > 0 and phases["load"] > 0, phases
     (check,) = self_checks(run)
     assert check["event"] == "resume_verified", check
     return restore
