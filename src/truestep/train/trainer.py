@@ -27,6 +27,7 @@ from torch.distributed.fsdp import FSDPModule
 import truestep
 from truestep.checkpoint.catalog import committed_dirs, run_checkpoint_root
 from truestep.checkpoint.init_from import precheck_init_from
+from truestep.checkpoint.ownership import current_run_id
 from truestep.checkpoint.resolver import ResumeError
 from truestep.checkpoint.state import RankState, RngPolicy
 from truestep.config.errors import ConfigError
@@ -45,6 +46,7 @@ from truestep.parallel.parallelize import build_model, init_parameters
 from truestep.telemetry.run_logs import RunLogs
 from truestep.train.emulation import GradientNoise, RestoreError
 from truestep.train.optimizer import build_optimizer, set_lr
+from truestep.train.provenance import provenance
 from truestep.train.rng import capture_rng, restore_rng, seed_streams
 from truestep.train.schedule import lr_at
 
@@ -150,6 +152,8 @@ class Trainer:
             max_steps=self.cfg.train.max_steps,
             faults=[spec.text for spec in armed_faults()],  # an armed fault is never silent
             state=asdict(self.state),
+            run_id=current_run_id(self.run_dir),  # whose logs these are (analysis/provenance.py)
+            provenance=provenance(self.loader, self.cfg.checkpoint.init_from, self.state.step == 0),
         )
 
     # --- the step ----------------------------------------------------------------------------------
