@@ -75,12 +75,18 @@ def interrupt_rate(inputs: PlanInputs) -> float:
     return rate
 
 
+MIN_INTERVAL_S = 1.0
+"""The shortest interval a plan finds for continuous training (no step time): with free saves Daly's
+interval is 0, which no job can checkpoint at."""
+
+
 def daly_for(inputs: PlanInputs) -> float:
-    """Daly's interval for these inputs, at least one save's write + commit (a shorter one only stalls)."""
+    """Daly's interval for these inputs, at least one save's write + commit (a shorter one only stalls)
+    and MIN_INTERVAL_S (one step with whole steps)."""
     c = inputs.costs
     rate = interrupt_rate(inputs)
     tau = daly_interval(blocking_s(inputs), 1.0 / rate) if rate > 0 else work_s(inputs)
-    return round_interval(inputs, max(tau, c.save_write_s + c.save_commit_s))
+    return round_interval(inputs, max(tau, c.save_write_s + c.save_commit_s, MIN_INTERVAL_S))
 
 
 def planned_interval(inputs: PlanInputs) -> float:

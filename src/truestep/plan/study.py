@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from truestep.plan.budget import ITERATION_SLACK, MAX_INTERRUPTIONS, check_setting, expected_interruptions
 from truestep.plan.build import Assembled
 from truestep.plan.formulas import daly_interval, young_interval
 from truestep.plan.inputs import PlanInputs, get, put
@@ -133,10 +134,18 @@ class PlanResult:
     timings_s: dict[str, float] = field(default_factory=dict)
 
 
-def _run(settings: list[PlanInputs], intervals: list[float], replicas: int, seed: int) -> list[SimResult]:
-    """Simulate settings side by side (common random numbers) and split the result per setting."""
+def _run(
+    settings: list[PlanInputs], intervals: list[float], replicas: int, seed: int, what: str = "the plan"
+) -> list[SimResult]:
+    """Simulate settings side by side (common random numbers) and split the result per setting; a
+    setting the simulation cannot finish in bounded time is refused first (plan/budget.py)."""
+    for s, t in zip(settings, intervals, strict=True):
+        check_setting(s, t, what)
     res = simulate(
-        concat([params(s, replicas, t) for s, t in zip(settings, intervals, strict=True)]), seed, replicas
+        concat([params(s, replicas, t) for s, t in zip(settings, intervals, strict=True)]),
+        seed,
+        replicas,
+        max_iterations=MAX_INTERRUPTIONS * ITERATION_SLACK,
     )
     out = []
     for j in range(len(settings)):
@@ -156,7 +165,7 @@ def _run(settings: list[PlanInputs], intervals: list[float], replicas: int, seed
 
 
 def headline(inputs: PlanInputs, interval_s: float) -> Headline:
-    r = _run([inputs], [interval_s], inputs.job.replicas, inputs.job.seed)[0]
+    r = _run([inputs], [interval_s], inputs.job.replicas, inputs.job.seed, "the headline")[0]
     interruptions = r.failures + r.preemptions
     hit = interruptions > 0
     mttr = stat(r.recovery_s[hit] / interruptions[hit]) if hit.sum() > 1 else Stat(0.0, 0.0, 0.0, 0.0)
@@ -200,7 +209,7 @@ def interval_sweep(inputs: PlanInputs, replicas: int) -> IntervalSweep:
         {round_interval(inputs, center * f) for f in np.exp(np.linspace(math.log(1 / 6), math.log(6), 15))}
     )
     taus = np.array(grid)
-    runs = _run([inputs] * len(grid), grid, replicas, inputs.job.seed + 1)
+    runs = _run([inputs] * len(grid), grid, replicas, inputs.job.seed + 1, "the interval sweep")
     walls = np.stack([r.wall_s for r in runs])  # (taus, replicas)
     optimum = float(_fit_optimum(taus, walls.mean(axis=1, keepdims=True))[0])
     rng = np.random.default_rng(inputs.job.seed + 2)
@@ -228,7 +237,7 @@ def interval_sweep(inputs: PlanInputs, replicas: int) -> IntervalSweep:
 def mechanisms(inputs: PlanInputs, replicas: int) -> dict[str, tuple[Stat, Stat, float]]:
     settings = [variant(inputs, name) for name in VARIANTS]
     taus = [_interval(inputs, s) for s in settings]
-    runs = _run(settings, taus, replicas, inputs.job.seed + 3)
+    runs = _run(settings, taus, replicas, inputs.job.seed + 3, "the mechanism variants")
     return {
         name: (stat(r.plain_goodput), stat(r.correct_goodput), t)
         for name, r, t in zip(VARIANTS, runs, taus, strict=True)
@@ -260,7 +269,7 @@ def sensitivity(inputs: PlanInputs, interval_s: float, replicas: int) -> tuple[f
     for factor in (0.5, 1.5):
         settings.append(inputs)
         taus.append(round_interval(inputs, interval_s * factor))
-    runs = _run(settings, taus, replicas, inputs.job.seed + 4)
+    runs = _run(settings, taus, replicas, inputs.job.seed + 4, "the sensitivity table")
     means = [float(r.correct_goodput.mean()) for r in runs]
     for n, key in enumerate([*keys, "job.checkpoint_interval_s"]):
         value = interval_s if key == "job.checkpoint_interval_s" else float(get(inputs, key))
@@ -269,26 +278,40 @@ def sensitivity(inputs: PlanInputs, interval_s: float, replicas: int) -> tuple[f
     return means[0], rows
 
 
-def gpu_sweep(a: Assembled, replicas: int) -> dict[str, list[float]]:
-    settings, taus, names = [], [], []
+def gpu_sweep(a: Assembled, replicas: int) -> tuple[list[int], dict[str, list[float]]]:
+    """Correct goodput of every variant at each GPU count of SWEEP_GPUS the simulation can finish in
+    bounded time (plan/budget.py); the sizes left out are said in a note."""
+    settings, taus, names, sizes, dropped = [], [], [], [], []
     for gpus in SWEEP_GPUS:
         at = copy.deepcopy(a.inputs)
         at.job.gpus = gpus
         for key, value in a.costs.at(gpus).items():
             put(at, f"costs.{key}", value)
-        for name in VARIANTS:
-            s = variant(at, name)
-            settings.append(s)
-            taus.append(_interval(a.inputs, s))
-            names.append(name)
-    runs = _run(settings, taus, replicas, a.inputs.job.seed + 5)
+        variants = [variant(at, name) for name in VARIANTS]
+        intervals = [_interval(a.inputs, s) for s in variants]
+        if (
+            max(expected_interruptions(s, t) for s, t in zip(variants, intervals, strict=True))
+            > MAX_INTERRUPTIONS
+        ):
+            dropped.append(gpus)
+            continue
+        sizes.append(gpus)
+        settings += variants
+        taus += intervals
+        names += list(VARIANTS)
+    if dropped:
+        a.notes.append(
+            f"goodput vs GPU count leaves out {', '.join(map(str, dropped))} GPUs: a replica would see more "
+            f"than {MAX_INTERRUPTIONS} interruptions there (the job makes almost no progress)"
+        )
+    runs = _run(settings, taus, replicas, a.inputs.job.seed + 5, "goodput vs GPU count") if settings else []
     curves: dict[str, list[float]] = {name: [] for name in VARIANTS}
     curves["plain (all on)"] = []
     for name, r in zip(names, runs, strict=True):
         curves[name].append(float(r.correct_goodput.mean()))
         if name == "all on":
             curves["plain (all on)"].append(float(r.plain_goodput.mean()))
-    return curves
+    return sizes, curves
 
 
 class _Timer:
@@ -318,9 +341,13 @@ def make_plan(
     """Everything the report shows. `sweep_replicas`: replicas per setting of the sweeps and tables."""
     inputs, timer = a.inputs, _Timer(progress)
     small = min(sweep_replicas, inputs.job.replicas)
+    planned = planned_interval(inputs)
+    # Refuse a job that cannot be simulated before simulating anything (plan/budget.py).
+    check_setting(
+        inputs, round_interval(inputs, planned) if planned > 0 else daly_for(inputs), "the headline"
+    )
     with timer("checkpoint interval sweep"):
         sweep = interval_sweep(inputs, small)
-    planned = planned_interval(inputs)
     chosen = round_interval(inputs, planned) if planned > 0 else sweep.optimum_s
     with timer("headline"):
         head = headline(inputs, chosen)
@@ -329,5 +356,5 @@ def make_plan(
     with timer("sensitivity"):
         base, rows = sensitivity(inputs, chosen, small)
     with timer("goodput vs GPU count"):
-        curves = gpu_sweep(a, max(50, small // 2))
-    return PlanResult(head, sweep, mech, rows, base, list(SWEEP_GPUS), curves, timer.timings)
+        sizes, curves = gpu_sweep(a, max(50, small // 2))
+    return PlanResult(head, sweep, mech, rows, base, sizes, curves, timer.timings)
