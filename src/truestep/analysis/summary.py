@@ -145,9 +145,10 @@ def _check_under_test(run: RunLog, ref: RunLog, role: str, claims: Scenario) -> 
             "comparing a run with itself says nothing about a recovery"
         )
     if role == "run" and claims.failure_free:
+        unfired = f"; named but never fired: {'; '.join(claims.unfired)}" if claims.unfired else ""
         raise RunLogError(
-            f"{run.path} is a failure-free run (no fault fired, no restart, no checkpoint restored): a "
-            "fidelity verdict is about a recovery; use it as a floor repeat (--floor) instead"
+            f"{run.path} is a failure-free run (no fault fired, no restart, no checkpoint restored{unfired}): "
+            "a fidelity verdict is about a recovery; use it as a floor repeat (--floor) instead"
         )
 
 
