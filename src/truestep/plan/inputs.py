@@ -26,6 +26,9 @@ interval checkpoint after a crash or hang (hard), from a checkpoint torn by a fa
 FAILURE_MODELS = ("exponential", "llama3")
 MAX_REPLICAS = 100_000
 """job.replicas and `--sweep-replicas` at most (plan/budget.py sizes the rest of the work)."""
+MIN_INTERVAL_S = 1.0
+"""The shortest checkpoint interval of continuous training (no step time), set or found: with free
+saves Daly's interval is 0, which no job can checkpoint at."""
 
 
 @dataclass
@@ -249,6 +252,11 @@ def validate(inputs: PlanInputs, prov: Provenance) -> None:
     for name in ("work_steps", "checkpoint_interval_steps"):
         if getattr(job, name) > 0 and job.step_time_s <= 0:
             raise ConfigError(f"job.{name} needs job.step_time_s > 0")
+    if 0 < job.checkpoint_interval_s < MIN_INTERVAL_S and job.step_time_s <= 0:
+        raise ConfigError(
+            f"job.checkpoint_interval_s must be 0 (the plan finds it) or >= {MIN_INTERVAL_S:g} s, got "
+            f"{job.checkpoint_interval_s:g}"
+        )
     if job.work_steps == 0 and job.job_days <= 0:
         raise ConfigError("job.job_days must be > 0")
     if fail.model not in FAILURE_MODELS:

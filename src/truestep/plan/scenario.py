@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 from truestep.plan.failures import job_failure_rate, outcome_probabilities
 from truestep.plan.formulas import daly_interval
-from truestep.plan.inputs import PlanInputs, corrupts
+from truestep.plan.inputs import MIN_INTERVAL_S, PlanInputs, corrupts
 from truestep.plan.simulate import Params, make_params
 
 DAY_S = 86400.0
@@ -75,18 +75,13 @@ def interrupt_rate(inputs: PlanInputs) -> float:
     return rate
 
 
-MIN_INTERVAL_S = 1.0
-"""The shortest interval a plan finds for continuous training (no step time): with free saves Daly's
-interval is 0, which no job can checkpoint at."""
-
-
 def daly_for(inputs: PlanInputs) -> float:
-    """Daly's interval for these inputs, at least one save's write + commit (a shorter one only stalls)
-    and MIN_INTERVAL_S (one step with whole steps)."""
+    """Daly's interval for these inputs, at least one save's write + commit (a shorter one only stalls),
+    rounded (`round_interval`)."""
     c = inputs.costs
     rate = interrupt_rate(inputs)
     tau = daly_interval(blocking_s(inputs), 1.0 / rate) if rate > 0 else work_s(inputs)
-    return round_interval(inputs, max(tau, c.save_write_s + c.save_commit_s, MIN_INTERVAL_S))
+    return round_interval(inputs, max(tau, c.save_write_s + c.save_commit_s))
 
 
 def planned_interval(inputs: PlanInputs) -> float:
@@ -98,11 +93,11 @@ def planned_interval(inputs: PlanInputs) -> float:
 
 
 def round_interval(inputs: PlanInputs, interval_s: float) -> float:
-    """Whole steps when the step time is known (at least one step), capped at the whole job."""
+    """Whole steps when the step time is known (at least one step), else at least MIN_INTERVAL_S; capped
+    at the whole job."""
     step = inputs.job.step_time_s
-    if step > 0:
-        interval_s = max(1, round(interval_s / step)) * step
-    return min(interval_s, work_s(inputs))
+    whole = max(1, round(interval_s / step)) * step if step > 0 else max(interval_s, MIN_INTERVAL_S)
+    return min(whole, work_s(inputs))
 
 
 def params(inputs: PlanInputs, replicas: int, interval_s: float) -> Params:

@@ -5,8 +5,8 @@ checkpoints) and *recoveries* (detection, teardown, relaunch or requeue wait). F
 Poisson process on the wall clock whenever the job holds its nodes: up periods, and in a recovery the
 detection, the teardown, a graceful stop and a relaunch in place; not while it waits for the scheduler
 (a requeue or a replacement node: the allocation is released). A failure inside a recovery strikes the
-relaunch (the next up period fails as it starts; several in one recovery count as one), so a rate read
-from wall-clock counts of a job that held its nodes (Llama 3's 419 in 54 days) is simulated as such.
+relaunch (the next up period fails as it starts; more in the same recovery are counted and handled by
+that relaunch), so a rate read from wall-clock counts of a job that held its nodes (Llama 3's 419 in 54 days) is simulated as such.
 Preemption notices arrive while the job's processes run (a notice to a job that is down stops nothing).
 The loop handles one up period of
 every unfinished replica per iteration, in closed form (how far training got, which checkpoint was
@@ -182,10 +182,14 @@ def simulate(
         final_at = rem + (saves - 1) * b_eff[i]  # training time at which the final save starts
         end = up + final_at + save_total[i]
         with np.errstate(divide="ignore"):
-            # Memoryless: the next failure after the previous recovery began; one due inside it strikes at once.
-            fail_at = np.where(
-                p.failure_rate[i] > 0, np.maximum(e_fail[k] / p.failure_rate[i] - down[i], 0.0), np.inf
-            )
+            # Memoryless: the next failure after the previous recovery began; one due inside it strikes
+            # the relaunch at once, and the others inside it are handled by that same relaunch.
+            first = np.where(p.failure_rate[i] > 0, e_fail[k] / p.failure_rate[i], np.inf)
+        fail_at = np.maximum(first - down[i], 0.0)
+        more = p.failure_rate[i] * np.maximum(down[i] - first, 0.0)
+        if more.any():
+            failures[i] += rng.poisson(more)
+        with np.errstate(divide="ignore"):
             notice_at = np.where(p.preempt_rate[i] > 0, e_pre[k] / p.preempt_rate[i], np.inf)
         # Ranks stop at a step boundary: a notice during start-up or restore is acted on once they are up.
         stop_at = np.maximum(notice_at, up)

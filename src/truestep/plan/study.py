@@ -205,9 +205,8 @@ def _fit_optimum(taus: np.ndarray, walls: np.ndarray) -> np.ndarray:
 
 def interval_sweep(inputs: PlanInputs, replicas: int) -> IntervalSweep:
     center = daly_for(inputs)
-    grid = sorted(
-        {round_interval(inputs, center * f) for f in np.exp(np.linspace(math.log(1 / 6), math.log(6), 15))}
-    )
+    factors = np.exp(np.linspace(math.log(1 / 6), math.log(6), 15))
+    grid = sorted({round_interval(inputs, center * f) for f in factors})
     taus = np.array(grid)
     runs = _run([inputs] * len(grid), grid, replicas, inputs.job.seed + 1, "the interval sweep")
     walls = np.stack([r.wall_s for r in runs])  # (taus, replicas)
