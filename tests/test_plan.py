@@ -468,3 +468,20 @@ def test_failures_arrive_whenever_the_job_holds_its_nodes(node_lost: bool) -> No
     held = r.wall_s - r.badput_s["requeue_wait"]
     assert r.failures.sum() / held.sum() == pytest.approx(1e-4, rel=0.02)
     assert r.badput_s["detection"].sum() / held.sum() > 0.25
+
+
+def test_settings_around_the_job_that_cannot_finish_are_left_out_and_said(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The job planned fits the bound; GPU counts, intervals and variants around it that do not are left
+    out of the sweeps and tables, each named in a note, instead of refusing or running for hours (the
+    bound lowered to 50 interruptions so that the default 2,048-GPU job sits just under it)."""
+    from truestep.plan import budget
+    from truestep.plan.study import make_plan
+
+    monkeypatch.setattr(budget, "MAX_INTERRUPTIONS", 50)
+    a = assemble(None, None, ["--job.replicas=20"])
+    result = make_plan(a, 10)
+    assert 2048 in result.sweep_gpus and 16384 not in result.sweep_gpus
+    assert any(n.startswith("goodput vs GPU count leaves out") and "16384 GPUs" in n for n in a.notes)
+    assert "all on" in result.mechanisms and len(result.sweep["all on"]) == len(result.sweep_gpus)

@@ -13,7 +13,9 @@ left out, so an estimate for a job that mostly waits for nodes is low, which the
 (τ the interval, δ what a save stalls, W the work, in training wall time). It is large when the job's
 MTBF is short against a restart plus an interval plus a save (10^8 GPUs; a save longer than the MTBF),
 or when the job is long against the MTBF; computed in logarithms, so it never overflows. A setting above
-MAX_INTERRUPTIONS is refused, naming the numbers; the GPU-count sweep leaves such sizes out and says so.
+MAX_INTERRUPTIONS is refused where it is the job planned (the headline), naming the numbers; the sweeps
+and tables around it (other intervals, GPU counts, mechanism variants, ±50 % inputs) leave such
+settings out and say so in a note.
 The replica counts are bounded too (plan/inputs.py MAX_REPLICAS), and the simulation stops with one line after
 ITERATION_SLACK times the bound.
 """
@@ -55,6 +57,11 @@ def expected_interruptions(inputs: PlanInputs, interval_s: float) -> float:
     return math.exp(log_e) if log_e < 700 else math.inf
 
 
+def fits(inputs: PlanInputs, interval_s: float) -> bool:
+    """The simulation can finish this setting in bounded time."""
+    return expected_interruptions(inputs, interval_s) <= MAX_INTERRUPTIONS
+
+
 def check_setting(inputs: PlanInputs, interval_s: float, what: str) -> None:
     """Refuse a setting the simulation cannot finish in bounded time (module docstring)."""
     events = expected_interruptions(inputs, interval_s)
@@ -66,6 +73,6 @@ def check_setting(inputs: PlanInputs, interval_s: float, what: str) -> None:
     raise ConfigError(
         f"{what}: a replica would see {count} interruptions (job MTBF {mtbf} at {inputs.job.gpus} GPUs, "
         f"checkpoint interval {interval_s:.3g} s, {work_s(inputs) / DAY_S:.3g} days of work): more than "
-        f"the {MAX_INTERRUPTIONS} the plan simulates per replica; the job makes (almost) no progress. "
-        "Plan fewer GPUs, a higher MTBF, another interval, cheaper saves and restarts, or a shorter job"
+        f"the {MAX_INTERRUPTIONS} the plan simulates per replica (the job makes little progress). Plan "
+        "fewer GPUs, a higher MTBF, another interval, cheaper saves and restarts, or a shorter job"
     )
