@@ -50,6 +50,17 @@ def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
     return h.hexdigest()
 
 
+def content_digest(meta: dict[str, Any]) -> str:
+    """SHA-256 of what a prepared directory's tokens are, from its meta.json: the dtype, vocabulary and
+    special ids, and every shard's name, length and the sha256 prepare-data recorded for it. Re-prepared
+    text gives another digest; the path does not count. Cheap: no shard is read (the shards are checked
+    against these hashes by `verify_data_dir`)."""
+    keys = ("dtype", "vocab_size", "eos_id", "bos_id", "tokenizer", "num_tokens")
+    content = {k: meta.get(k) for k in keys}
+    content["shards"] = [[e.get("file"), e.get("num_tokens"), e.get("sha256")] for e in meta["shards"]]
+    return hashlib.sha256(json.dumps(content, sort_keys=True, default=str).encode()).hexdigest()
+
+
 def _require_int(meta: dict[str, Any], key: str, where: str, minimum: int = 0) -> int:
     value = meta.get(key)
     # bool is an int subclass; a `true` in JSON is never a valid count.
