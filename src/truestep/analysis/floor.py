@@ -29,6 +29,7 @@ import math
 from dataclasses import dataclass, field
 
 from truestep.analysis.fidelity import DEFAULT_MARGIN, GRAD_NORM, LOSS, Comparison, compare
+from truestep.analysis.restores import restore_events
 from truestep.analysis.runlog import RunLog, RunLogError
 from truestep.analysis.state import checkpoints, distances
 
@@ -242,8 +243,10 @@ def validate_run(run: RunLog, role: str) -> None:
     faults = run.fault_specs()
     if faults:
         raise RunLogError(f"{where} had injected faults ({'; '.join(faults)}): it must be failure-free")
-    if run.named("checkpoint_restore"):
-        raise RunLogError(f"{where} resumed from a checkpoint: it must run uninterrupted from step 0")
+    if restore_events(run):
+        raise RunLogError(
+            f"{where} resumed (from a checkpoint or peers' memory): it must run uninterrupted from step 0"
+        )
     attempts = sorted({int(m["attempt"]) for m in run.metrics})
     if len(attempts) > 1 or len(run.metrics) != len(run.final_steps):
         raise RunLogError(
