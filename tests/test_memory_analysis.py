@@ -9,16 +9,21 @@ from pathlib import Path
 
 import pytest
 
-from analysis_cases import clean, killed_and_resumed, line, start, write_run
+from analysis_cases import clean, killed_and_resumed, line, loss_of, start, write_run
 from truestep.analysis.fidelity import compare
 from truestep.analysis.floor import measure_floor
 from truestep.analysis.goodput import goodput
 from truestep.analysis.mttr import incidents
-from truestep.analysis.report import render_run_text
+from truestep.analysis.report import Table, render_run_text
+from truestep.analysis.report.opening import ablation_sentences
 from truestep.analysis.report.recovery import recovery_rows
+from truestep.analysis.report.sections import ablation_blocks
 from truestep.analysis.restores import StepsLost, steps_lost
 from truestep.analysis.runlog import RunLog, RunLogError
-from truestep.analysis.summary import analyze_run
+from truestep.analysis.summary import analyze_group, analyze_run
+from truestep.analysis.verdict import CellVerdict, Status, judge, judge_experiment
+from truestep.config.load import load_config
+from truestep.experiment.plan import ABLATION_ROWS, plan_jobs
 
 MEMORY_RESTORE = {
     "time": 10.0,
@@ -127,3 +132,79 @@ def test_the_report_says_where_each_recovery_came_from_and_what_it_lost(tmp_path
     assert "rank 1" in rows[0][3] and "1 step(s) lost" in rows[0][3]
     disk = render_run_text(analyze_run("disk", killed_and_resumed(tmp_path / "disk"), None, None))
     assert "steps lost per recovery: 1 (1 from disk)" in disk
+
+
+def _cells_run(path: Path, event: dict) -> RunLog:
+    """A killed and resumed run (bitwise the reference's steps) whose one restore is `event`."""
+    disk = killed_and_resumed(path.parent / f"{path.name}-base")
+    events = [e for e in disk.events if e["event"] != "checkpoint_restore"] + [event]
+    return write_run(path, disk.metrics, sorted(events, key=lambda e: e["time"]))
+
+
+def test_peer_snapshots_off_is_a_row_only_when_snapshots_are_on() -> None:
+    def rows(*overrides: str, **kw: object) -> list[str]:
+        jobs = plan_jobs("demo", list(overrides), 2, [], ablation=True, **kw)  # type: ignore[arg-type]
+        return list(dict.fromkeys(j.row for j in jobs if j.role == "ablation"))
+
+    assert "peer-snapshots-off" not in rows()  # the default keeps snapshots off: the matrix is unchanged
+    on = rows("--resilience.snapshot_every_steps=2")
+    assert on == [*ABLATION_ROWS, "peer-snapshots-off"]
+    [cell] = [
+        j
+        for j in plan_jobs("demo", ["--resilience.snapshot_every_steps=2"], 2, [], ablation=True)
+        if j.row == "peer-snapshots-off" and j.mode == "hard"
+    ]
+    assert load_config("demo", cell.overrides).resilience.snapshot_every_steps == 0
+    assert cell.faults == ["kill:rank=1:step=13"]
+    assert rows("--resilience.snapshot_every_steps=2", ablation_rows=["all-on"]) == ["all-on"]
+
+
+def test_a_flagged_peer_snapshots_off_cell_fails_the_experiment(tmp_path: Path) -> None:
+    ref = clean(tmp_path / "ref")
+    wrong = killed_and_resumed(tmp_path / "wrong", later_loss=lambda s: loss_of(s) + 1e-3)
+    v = judge(compare(wrong, ref), measure_floor(ref, []))
+    assert v.status is Status.VIOLATED
+    failed = judge_experiment({}, [CellVerdict("peer-snapshots-off", "hard", "wrong", v)])
+    assert failed.head == "FAIL" and failed.failures == [f"peer-snapshots-off `wrong` {v.label}"]
+    # A correctness row off and flagged is what the ablation expects, not a failure.
+    assert judge_experiment({}, [CellVerdict("optimizer-restore-off", "hard", "wrong", v)]).head != "FAIL"
+
+
+def test_the_report_shows_what_peer_snapshots_buy(tmp_path: Path) -> None:
+    ref = clean(tmp_path / "ref")
+    on = _cells_run(tmp_path / "on", dict(MEMORY_RESTORE))
+    off_event = {
+        "time": 10.0,
+        "event": "checkpoint_restore",
+        "attempt": 1,
+        "step": 5,
+        "source": "disk",
+        "restore_s": 0.5,
+        "steps_lost": 4,
+        "layout_changed": False,
+    }
+    off = _cells_run(tmp_path / "off", off_event)
+    cells = [("all-on", "hard", "on"), ("peer-snapshots-off", "hard", "off")]
+    group = analyze_group("ref", ref, {}, {"on": ("ablation", on), "off": ("ablation", off)}, cells)
+    assert group.verdict.head != "FAIL" and not any(c.flagged for c in group.cells)
+    text = " ".join(ablation_sentences(group))
+    assert (
+        "With peer snapshots off (a failure recovers from disk instead of peers' memory) the cells stayed correct"
+        in text
+    )
+    assert "peer-snapshots-off/hard: steps lost per recovery 4 (1 from disk)" in text
+    assert "all-on/hard: 1 (1 from memory)" in text
+    assert "Not flagged although a mechanism was off" not in text  # a cost row is meant to pass
+    [table] = [b for b in ablation_blocks(group) if isinstance(b, Table) and "steps lost: row" in b.headers]
+    assert table.rows[0][2].startswith("ok (bitwise")
+    assert table.rows == [
+        [
+            "`peer-snapshots-off`",
+            "hard",
+            table.rows[0][2],
+            "4 (1 from disk)",
+            "1 (1 from memory)",
+            "4.00 s",
+            "4.00 s",
+        ]
+    ]

@@ -8,6 +8,7 @@ import math
 
 from truestep.analysis.floor import LOSS, FloorModel
 from truestep.analysis.report.blocks import Block, Heading, Para, Table, kv_table
+from truestep.analysis.report.cost_rows import cost_blocks
 from truestep.analysis.report.format import (
     BADPUT_ORDER,
     PHASES,
@@ -288,13 +289,14 @@ def ablation_blocks(group: GroupSummary) -> list[Block]:
         Para(
             "Each row switches one recovery mechanism off; each mode recovers from a graceful preemption or a "
             f"hard failure. A cell is flagged when {rule}. A correct instrument flags the rows whose mechanism "
-            "matters and never the all-on row."
+            "matters and never the all-on row" + (" nor a cost row (below)." if cost_blocks(group) else ".")
         ),
         Table(["row", *modes], [[f"`{r}`", *[cell(r, m) for m in modes]] for r in rows]),
         Table(
             ["row", "mode", "flagged", "verdict", "first divergent", "plain goodput", "correct goodput"],
             detail,
         ),
+        *cost_blocks(group),
     ]
 
 
