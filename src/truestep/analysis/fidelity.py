@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from statistics import fmean
 
 from truestep.analysis.provenance import differences as provenance_differences
+from truestep.analysis.restores import restore_events
 from truestep.analysis.runlog import RunLog, RunLogError, finite_abs_diff
 from truestep.analysis.state import StateDistance, checkpoints
 from truestep.config.fingerprint import diff_keys
@@ -263,7 +264,7 @@ def _windows(run: RunLog, deltas: dict[int, StepDelta]) -> list[Window]:
     """One window per resume: the final-trajectory steps computed by the attempt that resumed (an
     attempt's first restore; a later NaN rollback inside it is not a resume)."""
     windows, seen = [], set()
-    for event in run.named("checkpoint_restore"):
+    for event in restore_events(run):  # from disk or from memory
         attempt = event.get("attempt")
         if attempt in seen:
             continue

@@ -33,6 +33,7 @@ from truestep.analysis.fidelity import DEFAULT_MARGIN, GRAD_NORM, LOSS, Comparis
 from truestep.analysis.provenance import check_provenance, same_run
 from truestep.analysis.provenance import differences as provenance_differences
 from truestep.analysis.provenance import ownership_problem as owned_problem
+from truestep.analysis.restores import restore_events
 from truestep.analysis.runlog import RunLog, RunLogError
 from truestep.analysis.state import checkpoints, distances
 from truestep.telemetry.lines import determined
@@ -257,8 +258,10 @@ def validate_run(run: RunLog, role: str) -> None:
     faults = run.fault_specs()
     if faults:
         raise RunLogError(f"{where} had injected faults ({'; '.join(faults)}): it must be failure-free")
-    if run.named("checkpoint_restore"):
-        raise RunLogError(f"{where} resumed from a checkpoint: it must run uninterrupted from step 0")
+    if restore_events(run):
+        raise RunLogError(
+            f"{where} resumed (from a checkpoint or peers' memory): it must run uninterrupted from step 0"
+        )
     attempts = sorted({int(m["attempt"]) for m in run.metrics})
     if len(attempts) > 1 or len(run.metrics) != len(run.final_steps):
         raise RunLogError(

@@ -7,10 +7,11 @@ faults fired and the run resumed. Read from the run's own events:
   declares (an experiment's job faults: a run that lost its run_start still named them);
 - **fired**: the specs of `fault_injected` events (`slow` never announces itself, so it is not required);
 - **restarts**: attempts after the first that logged a `run_start`; **restored**: attempts that logged a
-  `checkpoint_restore` (a resume, or a NaN rollback inside an attempt).
+  restore, from disk (`checkpoint_restore`) or from peers' memory (`memory_restore`): a resume, or a NaN
+  rollback inside an attempt (analysis/restores.py).
 
 What did not happen becomes a gap of the verdict (INCOMPLETE, exit 8, naming it): a named fault that
-never fired, a run that never resumed from a checkpoint, a restart that started over instead of
+never fired, a run that never resumed (from a checkpoint or from memory), a restart that started over instead of
 restoring. A run under test that is failure-free altogether (nothing fired, nothing restored, one
 attempt) is refused where the caller asked about one run (`truestep fidelity`), and incomplete in an
 experiment (analysis/summary.py).
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from truestep.analysis.restores import restore_events
 from truestep.analysis.runlog import RunLog
 
 SILENT_KINDS = ("slow",)
@@ -63,8 +65,8 @@ class Scenario:
             out.append(
                 (
                     "the run never resumed from a checkpoint",
-                    f"{len(self.fired)} fault(s) fired, {len(self.restarts)} restart(s), no checkpoint_restore: "
-                    "nothing about recovery to judge",
+                    f"{len(self.fired)} fault(s) fired, {len(self.restarts)} restart(s), no checkpoint_restore "
+                    "or memory_restore: nothing about recovery to judge",
                 )
             )
         elif self.unrestored:
@@ -86,7 +88,7 @@ def scenario(run: RunLog, declared: list[str] | tuple[str, ...] = ()) -> Scenari
     named += [_norm(s) for s in declared]
     fired = [_norm(e.get("spec", "")) for e in run.named("fault_injected")]
     attempts = sorted({int(e.get("attempt") or 0) for e in run.named("run_start")})
-    restored = sorted({int(e.get("attempt") or 0) for e in run.named("checkpoint_restore")})
+    restored = sorted({int(e.get("attempt") or 0) for e in restore_events(run)})
     return Scenario(
         tuple(dict.fromkeys(s for s in named if s)),
         tuple(dict.fromkeys(s for s in fired if s)),

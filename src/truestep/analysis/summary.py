@@ -21,6 +21,7 @@ from truestep.analysis.floor import FloorModel, measure_floor
 from truestep.analysis.goodput import CheckpointOverhead, Goodput, checkpoint_overhead, goodput
 from truestep.analysis.mttr import Incident, incidents
 from truestep.analysis.provenance import check_owned, check_provenance, same_run
+from truestep.analysis.restores import restore_events
 from truestep.analysis.runlog import RunLog, RunLogError
 from truestep.analysis.scenario import Scenario, scenario
 from truestep.analysis.self_check import self_check_label
@@ -43,7 +44,7 @@ class RunAnalysis:
     """reference, floor, faulted, ablation or run."""
     faults: list[str]
     resumes: int
-    """Attempts that resumed from a checkpoint."""
+    """Attempts that resumed (from a checkpoint or from peers' memory)."""
     comparison: Comparison | None
     verdict: RunVerdict
     goodput: Goodput
@@ -127,7 +128,7 @@ def analyze_run(
         path=str(run.path),
         role=role,
         faults=run.fault_specs(),
-        resumes=len({e.get("attempt") for e in run.named("checkpoint_restore")}),
+        resumes=len({e.get("attempt") for e in restore_events(run)}),
         comparison=comparison,
         verdict=verdict,
         goodput=goodput(run, verdict.first_uncounted_step, uncounted),

@@ -419,13 +419,20 @@ class ExperimentVerdict:
         return int(ExitCode.OK)
 
 
+COST_ROWS = frozenset({"peer-snapshots-off"})
+"""Ablation rows that switch off a mechanism of cost, not of correctness (experiment/plan.py): peer
+snapshots off recovers from disk instead of peers' memory, losing more steps, never the trajectory."""
+MUST_PRESERVE_ROWS = frozenset({"all-on"}) | COST_ROWS
+"""Ablation rows whose cells must stay trajectory-preserving: a violation there fails the experiment."""
+
+
 def judge_experiment(faulted: dict[str, RunVerdict], cells: list[CellVerdict]) -> ExperimentVerdict:
-    """FAIL if a faulted run or an all-on ablation cell is VIOLATED; INCOMPLETE if none is but one of
-    them is incomplete (or has an insufficient floor); PASS if there was something to judge and all of it
-    is trajectory-preserving. A cell with a mechanism off that is *not* flagged is no failure of the run
-    (the switch may have had nothing to change); the report lists those."""
+    """FAIL if a faulted run or an all-on (or cost-row) ablation cell is VIOLATED; INCOMPLETE if none is
+    but one of them is incomplete (or has an insufficient floor); PASS if there was something to judge
+    and all of it is trajectory-preserving. A cell with a correctness mechanism off that is *not* flagged
+    is no failure of the run (the switch may have had nothing to change); the report lists those."""
     judged = [(f"`{name}`", v) for name, v in faulted.items()]
-    judged += [(f"all-on `{c.run}`", c.verdict) for c in cells if c.row == "all-on"]
+    judged += [(f"{c.row} `{c.run}`", c.verdict) for c in cells if c.row in MUST_PRESERVE_ROWS]
     failures = [f"{name} {v.label}" for name, v in judged if v.status is Status.VIOLATED]
     incomplete = [
         f"{name} {v.label}" for name, v in judged if not v.preserving and v.status is not Status.VIOLATED

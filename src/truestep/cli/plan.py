@@ -53,6 +53,12 @@ def plan_main(argv: list[str]) -> int:
     )
     for name, (plain, correct, _) in result.mechanisms.items():
         print(f"  {name:30s} plain {fmt_pct(plain.mean):>8s}   correct {fmt_pct(correct.mean):>8s}")
+    for row in result.snapshots.rows if result.snapshots else []:
+        k = f"every {row.k} step(s)" if row.k else "off"
+        print(
+            f"  peer snapshots {k:14s} correct {fmt_pct(row.correct.mean):>8s}   "
+            f"{row.steps_lost:,.2f} steps lost per failure, {fmt_pct(row.from_memory)} from memory"
+        )
     for note in assembled.notes:
         print(f"note: {note}")
     print(f"plan: {md}\n      {html}")

@@ -14,7 +14,7 @@ from truestep.analysis.fidelity import DEFAULT_MARGIN
 from truestep.analysis.runlog import RunLog, RunLogError
 from truestep.analysis.summary import ExperimentSummary, analyze_group, summarize_groups, to_json
 from truestep.core.fsio import atomic_write
-from truestep.experiment.plan import ABLATION_MODES, ABLATION_ROWS
+from truestep.experiment.plan import ABLATION_MODES, ROWS
 from truestep.experiment.runner import GROUP_NOTES
 
 
@@ -25,7 +25,7 @@ def _with_role(job: dict[str, Any]) -> dict[str, Any]:
         raise ValueError(f"job name {name!r} is not a plain directory name under runs/")
     if "role" in job:
         return job
-    for row in ABLATION_ROWS:
+    for row in ROWS:
         for mode in ABLATION_MODES:
             if name == f"ablation-{row}-{mode}":
                 return {**job, "role": "ablation", "row": row, "mode": mode}

@@ -118,7 +118,9 @@ def params(inputs: PlanInputs, replicas: int, interval_s: float) -> Params:
         work_s=work_s(inputs),
         interval_s=interval_s,
         step_s=job.step_time_s,
-        overhead_fraction=job.step_overhead_s / job.step_time_s if job.step_time_s > 0 else 0.0,
+        overhead_fraction=(job.step_overhead_s + snapshot_overhead_s(inputs)) / job.step_time_s
+        if job.step_time_s > 0
+        else 0.0,
         blocking_s=blocking_s(inputs),
         write_s=c.save_write_s,
         commit_s=c.save_commit_s,
@@ -140,7 +142,23 @@ def params(inputs: PlanInputs, replicas: int, interval_s: float) -> Params:
         corrupt_graceful="graceful" in kinds,
         trust_newest=not m.atomic_commit,
         corrupt_torn="torn" in kinds,
+        snapshot_s=m.snapshot_every_steps * job.step_time_s,
+        memory_restore_s=c.memory_restore_s,
+        memory_fallback_p=f.memory_fallback_fraction,
     )
+
+
+def snapshot_stall_s(inputs: PlanInputs) -> float:
+    """What one snapshot stalls training: the agreement, and the part of the capture the next step's
+    forward and backward do not hide (the update waits for it)."""
+    c = inputs.costs
+    return c.snapshot_agree_s + max(0.0, c.snapshot_capture_s - inputs.job.step_time_s)
+
+
+def snapshot_overhead_s(inputs: PlanInputs) -> float:
+    """What peer snapshots add to every step on average: one stall per k steps (0 when off)."""
+    k = inputs.mechanisms.snapshot_every_steps
+    return snapshot_stall_s(inputs) / k if k > 0 else 0.0
 
 
 def spares_warning(inputs: PlanInputs) -> str | None:

@@ -9,6 +9,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -27,6 +28,9 @@ from truestep.plan.scenario import (
     variant,
 )
 from truestep.plan.simulate import SIM_BUCKETS, SimResult, concat, simulate
+
+if TYPE_CHECKING:
+    from truestep.plan.snapshots import SnapshotStudy
 
 SWEEP_GPUS = (64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 100000)
 SENSITIVE = (
@@ -136,6 +140,8 @@ class PlanResult:
     """Mean correct goodput with the costs measured at another scale as measured, and at truestep's
     at-scale assumptions (Assembled.unscaled), side by side at the headline's interval; None when every
     cost was measured at the target's size, extrapolated, set or assumed."""
+    snapshots: SnapshotStudy | None = None
+    """Peer snapshots off vs every k steps (plan/snapshots.py); None without a step time."""
 
 
 def _run(
@@ -151,21 +157,7 @@ def _run(
         replicas,
         max_iterations=MAX_INTERRUPTIONS * ITERATION_SLACK,
     )
-    out = []
-    for j in range(len(settings)):
-        sl = slice(j * replicas, (j + 1) * replicas)
-        out.append(
-            SimResult(
-                res.wall_s[sl],
-                res.work_s[sl],
-                res.correct_s[sl],
-                {k: v[sl] for k, v in res.badput_s.items()},
-                res.failures[sl],
-                res.preemptions[sl],
-                res.recovery_s[sl],
-            )
-        )
-    return out
+    return [res.part(slice(j * replicas, (j + 1) * replicas)) for j in range(len(settings))]
 
 
 def headline(inputs: PlanInputs, interval_s: float) -> Headline:
@@ -402,6 +394,11 @@ def make_plan(
                 put(assumed, key, high)
             runs = _run([inputs, assumed], [chosen, chosen], small, inputs.job.seed + 6, "the unscaled costs")
             unscaled = (float(runs[0].correct_goodput.mean()), float(runs[1].correct_goodput.mean()))
+    from truestep.plan.snapshots import snapshot_study  # it runs settings through _run, here
+
+    with timer("peer snapshots"):
+        snaps = snapshot_study(a, chosen, small)
     result = PlanResult(head, sweep, mech, rows, base, sizes, curves, timer.timings)
     result.unscaled_correct = unscaled
+    result.snapshots = snaps
     return result
