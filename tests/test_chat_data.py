@@ -269,3 +269,16 @@ def test_a_tokenizer_without_a_template_or_a_text_input_is_refused(tok: Path, tm
         32,
     )
     assert rc == 2 and "has no chat template" in one_line(err)
+
+
+def test_the_cli_says_what_share_of_the_tokens_is_trained(tok: Path, tmp_path: Path) -> None:
+    source = write_chats(tmp_path / "c.jsonl", conversations(5))
+    out = tmp_path / "o"
+    rc, said, err = run_cli(
+        prepare_data_main, source, "--out", out, "--tokenizer", tok, "--chat", "--seq-len", 32,
+        "--packing", "pad", "--no-progress",
+    )  # fmt: skip
+    assert rc == 0, err
+    chat = read_meta(out)["chat"]
+    assert chat["packing"] == "pad" and chat["conversations"] == 5
+    assert f"5 conversations padded to windows of 32, loss on {chat['trained_tokens']} assistant" in said

@@ -199,8 +199,11 @@ def prepare_data_main(argv: list[str]) -> int:
     return 0
 
 
+_PACKED = {"pack": "packed into", "pad": "padded to"}
+
+
 def _chat_summary(chat: dict, tokens: int) -> str:
     return (
-        f"; {chat['conversations']} conversations {chat['packing']}ed into windows of {chat['seq_len']}, "
+        f"; {chat['conversations']} conversations {_PACKED[chat['packing']]} windows of {chat['seq_len']}, "
         f"loss on {chat['trained_tokens']} assistant tokens ({100 * chat['trained_tokens'] / tokens:.1f}%)"
     )
