@@ -4,6 +4,7 @@ run is the uninterrupted one bit for bit (losses, evaluations, weights, and the 
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -29,6 +30,7 @@ from truestep.config.errors import ConfigError
 from truestep.config.load import load_config
 from truestep.data.build import build_loader
 from truestep.data.dataset import TokenDataset
+from truestep.data.mixture import MixtureLoader
 from truestep.data.shards import ChatOptions, prepare_data
 from truestep.model.llama import Transformer
 from truestep.parallel.dist import DistContext
@@ -171,3 +173,17 @@ def test_two_data_parallel_ranks_compute_the_single_process_loss(
     for a, b in zip(one, two, strict=True):
         assert math.isclose(a["loss"], b["loss"], rel_tol=1e-5), (a, b)
         assert math.isclose(a["grad_norm"], b["grad_norm"], rel_tol=1e-4), (a, b)
+
+
+def test_a_mixture_masks_its_chat_source_only(chats: tuple[Path, Path], tmp_path: Path) -> None:
+    """A chat source mixed with plain text: the chat rows' untrained targets are ignored, the text rows
+    train every token (a source without a mask is pretraining data)."""
+    train, _ = chats
+    text = tmp_path / "t.jsonl"
+    text.write_text("".join(json.dumps({"text": "the cat sat on the mat " * 3}) + "\n" for _ in range(40)))
+    plain = prepare_data([text], tmp_path / "plain", str(train / "tokenizer.json"))
+    mix = MixtureLoader([("chat", 0.5, train), ("plain", 0.5, plain)], 32, 8, 7, 0, 1, 8)
+    assert mix.loss_masked
+    rows = torch.cat([targets for _ in range(4) for _, targets in mix.next()])
+    ignored = (rows == -100).sum(dim=1)  # every conversation has a user turn: a chat row ignores some
+    assert (ignored == 0).any() and (ignored > 0).any(), ignored
