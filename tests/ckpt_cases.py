@@ -23,7 +23,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import harness
-from truestep.checkpoint.catalog import MANIFEST, MARKER, QUARANTINE, step_dir_name, step_dirs, step_of
+from truestep.checkpoint.catalog import (
+    MANIFEST,
+    MARKER,
+    QUARANTINE,
+    SAVE_RECORD,
+    step_dir_name,
+    step_dirs,
+    step_of,
+)
 from truestep.checkpoint.integrity import verify
 from truestep.checkpoint.manifest import VerifyError, write_manifest, write_marker
 from truestep.core.names import ENV_FAULTS as FAULTS_ENV
@@ -146,15 +154,20 @@ CRASH_CASES = [(point, "async") for point in CRASH_POINTS] + [
     ("save:before-marker", "sync"),
 ]
 # What the step-6 directory holds when the process dies at each point (DCP writes the shard, then
-# the coordinator's .metadata; rank state is written before DCP starts).
+# the coordinator's .metadata; rank state is written before DCP starts; rank 0 writes the save record
+# once the ranks agreed on the parameter digest, before the commit).
 FILES_AT_CRASH = {
     "save:before-shards": [],
     "save:mid-shards": [SHARD, RANK0],
-    "save:after-shards": [DCP_METADATA, SHARD, RANK0],
-    "save:before-manifest": [DCP_METADATA, SHARD, RANK0],
-    "save:before-marker": [DCP_METADATA, SHARD, MANIFEST, RANK0],
-    "save:after-marker": [DCP_METADATA, MARKER, SHARD, MANIFEST, RANK0],
+    "save:after-shards": [DCP_METADATA, SHARD, RANK0, SAVE_RECORD],
+    "save:before-manifest": [DCP_METADATA, SHARD, RANK0, SAVE_RECORD],
+    "save:before-marker": [DCP_METADATA, SHARD, MANIFEST, RANK0, SAVE_RECORD],
+    "save:after-marker": [DCP_METADATA, MARKER, SHARD, MANIFEST, RANK0, SAVE_RECORD],
 }
+# An async save's shards are written on DCP's thread while the training thread writes the save record:
+# a crash mid-shards may come before or after the record (an uncommitted directory either way).
+RACING_AT_CRASH = {("save:mid-shards", "async"): {SAVE_RECORD}}
+COMMITTED_FILES = sorted([DCP_METADATA, MARKER, SHARD, MANIFEST, RANK0, SAVE_RECORD])
 
 
 @dataclass

@@ -17,7 +17,7 @@ from hostile_cases import one_line, run_cli
 from truestep.cli.prepare_data import prepare_data_main
 from truestep.data.dataset import TokenDataset
 from truestep.data.errors import DataError
-from truestep.data.meta import JOURNAL_NAME, read_meta, verify_data_dir
+from truestep.data.meta import JOURNAL_NAME, content_digest, read_meta, verify_data_dir
 from truestep.data.shards import ChatOptions, prepare_data
 
 pytest.importorskip("tokenizers")
@@ -282,3 +282,14 @@ def test_the_cli_says_what_share_of_the_tokens_is_trained(tok: Path, tmp_path: P
     chat = read_meta(out)["chat"]
     assert chat["packing"] == "pad" and chat["conversations"] == 5
     assert f"5 conversations padded to windows of 32, loss on {chat['trained_tokens']} assistant" in said
+
+
+def test_the_content_digest_covers_the_masks(tok: Path, tmp_path: Path) -> None:
+    """run_start's data_sha256 (train/provenance.py): re-prepared masks are other data."""
+    out = prepare_data(
+        [write_chats(tmp_path / "c.jsonl", conversations(5))], tmp_path / "d", str(tok), chat=ChatOptions(32)
+    )
+    meta = read_meta(out)
+    other = json.loads(json.dumps(meta))
+    other["shards"][0]["mask_sha256"] = "0" * 64
+    assert content_digest(meta) != content_digest(other)

@@ -80,7 +80,7 @@ def test_list_json_on_run_dir_and_root_agree(run, capsys):
     ]
     for e in entries:
         assert e["size_bytes"] == disk_bytes(ckpt(run, e["step"]))
-        assert e["files"] == 5 and e["reason"] is None and not e["quarantined"]
+        assert e["files"] == 6 and e["reason"] is None and not e["quarantined"]
     assert [e["latest_hint"] for e in entries] == [True, False]
 
     rc, out_root, _ = cli(capsys, "list", run / "checkpoints", "--json")
@@ -125,7 +125,7 @@ def test_list_errors(tmp_path, capsys):
 def test_verify_ok(run, capsys):
     rc, out, err = cli(capsys, "verify", ckpt(run, 6))
     assert rc == 0 and err == ""
-    assert out.startswith(f"OK {ckpt(run, 6)}: step 6, 5 files, {disk_bytes(ckpt(run, 6))} bytes")
+    assert out.startswith(f"OK {ckpt(run, 6)}: step 6, 6 files, {disk_bytes(ckpt(run, 6))} bytes")
     rc, out, _ = cli(capsys, "verify", ckpt(run, 3), "--no-checksums")
     assert rc == 0 and "checksums not checked" in out
 
@@ -175,8 +175,8 @@ def test_inspect_json(run, capsys):
     assert info["train_state"]["step"] == 6
     assert info["train_state"]["tokens_seen"] == 6 * 8 * 32
     assert info["data_position"]["next_batch"] == 6
-    assert info["files"] == 5 and info["total_bytes"] == disk_bytes(ckpt(run, 6))
-    assert info["manifest_files"] == 3
+    assert info["files"] == 6 and info["total_bytes"] == disk_bytes(ckpt(run, 6))
+    assert info["manifest_files"] == 4  # shard, .metadata, rank state, save record
     assert info["marker"]["step"] == 6
     assert info["problems"] == []
 

@@ -27,8 +27,10 @@ def plan_main(argv: list[str]) -> int:
         "--sweep-replicas", type=int, default=200, help="replicas per setting of the sweeps and tables"
     )
     a, overrides = p.parse_known_args(argv)
-    if a.sweep_replicas < 10:
-        p.error("--sweep-replicas must be >= 10")
+    from truestep.plan.inputs import MAX_REPLICAS
+
+    if not 10 <= a.sweep_replicas <= MAX_REPLICAS:
+        p.error(f"--sweep-replicas must be within [10, {MAX_REPLICAS}]")
     strays = [o for o in overrides if not o.startswith("--") or "=" not in o]
     if strays:
         p.error(f"unrecognized arguments: {' '.join(strays)} (inputs are --section.key=value)")

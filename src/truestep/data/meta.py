@@ -60,6 +60,21 @@ def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
     return h.hexdigest()
 
 
+def content_digest(meta: dict[str, Any]) -> str:
+    """SHA-256 of what a prepared directory's tokens are, from its meta.json: the dtype, vocabulary and
+    special ids, and every shard's name, length and the sha256 prepare-data recorded for it (chat data:
+    its masks' sha256 and its `chat` record too). Re-prepared
+    text gives another digest; the path does not count. Cheap: no shard is read (the shards are checked
+    against these hashes by `verify_data_dir`)."""
+    keys = ("dtype", "vocab_size", "eos_id", "bos_id", "tokenizer", "num_tokens")
+    content = {k: meta.get(k) for k in keys}
+    content["shards"] = [[e.get("file"), e.get("num_tokens"), e.get("sha256")] for e in meta["shards"]]
+    if "chat" in meta:  # the loss masks shape the trajectory as much as the tokens (pretraining: unchanged)
+        content["masks"] = [e.get("mask_sha256") for e in meta["shards"]]
+        content["chat"] = meta["chat"]
+    return hashlib.sha256(json.dumps(content, sort_keys=True, default=str).encode()).hexdigest()
+
+
 def _require_int(meta: dict[str, Any], key: str, where: str, minimum: int = 0) -> int:
     value = meta.get(key)
     # bool is an int subclass; a `true` in JSON is never a valid count.

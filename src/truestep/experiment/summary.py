@@ -64,9 +64,19 @@ def summarize(
             if job.get("role") not in ("reference", "floor")
         }
         cells = [(job["row"], job["mode"], job["name"]) for job in mine if job.get("role") == "ablation"]
+        declared = {job["name"]: [str(f) for f in job.get("faults") or []] for job in mine}
         groups.append(
             analyze_group(
-                refs[0], logs[refs[0]], floors, others, cells, margin, group, notes.get(group, ""), read_state
+                refs[0],
+                logs[refs[0]],
+                floors,
+                others,
+                cells,
+                margin,
+                group,
+                notes.get(group, ""),
+                read_state,
+                declared,
             )
         )
     summary = summarize_groups(groups, margin)

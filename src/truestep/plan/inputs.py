@@ -11,6 +11,7 @@ numbers are measured, which extrapolated, which set and which assumed.
 from __future__ import annotations
 
 import dataclasses
+import math
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +24,11 @@ RESUME_KINDS = ("graceful", "hard", "torn")
 """Resumes a disabled mechanism can corrupt: after a preemption's emergency save (graceful), from an
 interval checkpoint after a crash or hang (hard), from a checkpoint torn by a failure mid-save (torn)."""
 FAILURE_MODELS = ("exponential", "llama3")
+MAX_REPLICAS = 100_000
+"""job.replicas and `--sweep-replicas` at most (plan/budget.py sizes the rest of the work)."""
+MIN_INTERVAL_S = 1.0
+"""The shortest checkpoint interval of continuous training (no step time), set or found: with free
+saves Daly's interval is 0, which no job can checkpoint at."""
 
 
 @dataclass
@@ -231,13 +237,26 @@ def corrupts(text: str, key: str) -> frozenset[str]:
 def validate(inputs: PlanInputs, prov: Provenance) -> None:
     """Refuse what the simulation cannot mean (ConfigError: one line, exit 2)."""
     job, fail = inputs.job, inputs.failures
+    numbers = {k: get(inputs, k) for k in keys(inputs)}
+    numbers = {k: v for k, v in numbers.items() if isinstance(v, int | float) and not isinstance(v, bool)}
+    infinite = [k for k, v in numbers.items() if not math.isfinite(v)]
+    if infinite:
+        raise ConfigError(f"must be finite numbers: {', '.join(infinite)}")
     if job.gpus < 1 or job.gpus_per_node < 1:
         raise ConfigError("job.gpus and job.gpus_per_node must be >= 1")
-    if job.replicas < 2:
-        raise ConfigError("job.replicas must be >= 2 (intervals need more than one replica)")
+    if not 2 <= job.replicas <= MAX_REPLICAS:
+        raise ConfigError(
+            f"job.replicas must be within [2, {MAX_REPLICAS}] (intervals need more than one replica; more "
+            "than the bound adds nothing but time)"
+        )
     for name in ("work_steps", "checkpoint_interval_steps"):
         if getattr(job, name) > 0 and job.step_time_s <= 0:
             raise ConfigError(f"job.{name} needs job.step_time_s > 0")
+    if 0 < job.checkpoint_interval_s < MIN_INTERVAL_S and job.step_time_s <= 0:
+        raise ConfigError(
+            f"job.checkpoint_interval_s must be 0 (the plan finds it) or >= {MIN_INTERVAL_S:g} s, got "
+            f"{job.checkpoint_interval_s:g}"
+        )
     if job.work_steps == 0 and job.job_days <= 0:
         raise ConfigError("job.job_days must be > 0")
     if fail.model not in FAILURE_MODELS:

@@ -1,8 +1,14 @@
 """The Monte Carlo core: many replicas of one long job, vectorized over replicas with numpy.
 
 A replica alternates *up periods* (processes running: start-up, restore, training with periodic
-checkpoints) and *recoveries* (detection, teardown, relaunch or requeue wait). Failures and preemption
-notices arrive as Poisson processes while the job's processes run; the loop handles one up period of
+checkpoints) and *recoveries* (detection, teardown, relaunch or requeue wait). Failures arrive as a
+Poisson process on the wall clock whenever the job holds its nodes: up periods, and in a recovery the
+detection, the teardown, a graceful stop and a relaunch in place; not while it waits for the scheduler
+(a requeue or a replacement node: the allocation is released). A failure inside a recovery strikes the
+relaunch (the next up period fails as it starts; more in the same recovery are counted and handled by
+that relaunch), so a rate read from wall-clock counts of a job that held its nodes (Llama 3's 419 in 54 days) is simulated as such.
+Preemption notices arrive while the job's processes run (a notice to a job that is down stops nothing).
+The loop handles one up period of
 every unfinished replica per iteration, in closed form (how far training got, which checkpoint was
 committed, whether a save was torn), so its length is the largest number of interruptions any replica
 saw, not the number of steps. Every parameter is an array with one value per replica, so one call
@@ -21,6 +27,7 @@ from dataclasses import dataclass, fields
 import numpy as np
 
 from truestep.analysis.goodput import BUCKETS
+from truestep.config.errors import ConfigError
 
 OUTCOMES = ("crash", "crash_node", "hang", "hang_node")
 """What one failure is: a crash or a hang, and whether it took its node out (needs a replacement)."""
@@ -28,6 +35,10 @@ SIM_BUCKETS = (*BUCKETS, "other")
 """The analysis's badput buckets (analysis/goodput.py) plus `other`; `unverifiable` stays 0 in a plan."""
 
 Array = np.ndarray
+
+
+class SimulationTooLong(ConfigError):
+    """A replica saw more interruptions than the caller allowed: refused in one line (exit 2)."""
 
 
 @dataclass
@@ -154,6 +165,7 @@ def simulate(
     violated = np.full(n, np.inf)
     bucket = {k: np.zeros(n) for k in SIM_BUCKETS}
     failures, preemptions, recovery, attempts = np.zeros(n), np.zeros(n), np.zeros(n), np.zeros(n)
+    down = np.zeros(n)  # the nodes-held part of each replica's last recovery: failures arrive there too
     active = np.arange(n)
     cum_p = np.cumsum(p.outcome_p, axis=1)
 
@@ -170,7 +182,14 @@ def simulate(
         final_at = rem + (saves - 1) * b_eff[i]  # training time at which the final save starts
         end = up + final_at + save_total[i]
         with np.errstate(divide="ignore"):
-            fail_at = np.where(p.failure_rate[i] > 0, e_fail[k] / p.failure_rate[i], np.inf)
+            # Memoryless: the next failure after the previous recovery began; one due inside it strikes
+            # the relaunch at once, and the others inside it are handled by that same relaunch.
+            first = np.where(p.failure_rate[i] > 0, e_fail[k] / p.failure_rate[i], np.inf)
+        fail_at = np.maximum(first - down[i], 0.0)
+        more = p.failure_rate[i] * np.maximum(down[i] - first, 0.0)
+        if more.any():
+            failures[i] += rng.poisson(more)
+        with np.errstate(divide="ignore"):
             notice_at = np.where(p.preempt_rate[i] > 0, e_pre[k] / p.preempt_rate[i], np.inf)
         # Ranks stop at a step boundary: a notice during start-up or restore is acted on once they are up.
         stop_at = np.maximum(notice_at, up)
@@ -239,6 +258,8 @@ def simulate(
         )
         attempts[i] += 1
         t[i] += x + detect + teardown + wait + stop + p.other_per_attempt_s[i]
+        in_place = ~(preempt_kill | graceful | node_lost)  # a relaunch in place keeps the nodes
+        down[i] = detect + teardown + np.where(in_place, wait, 0.0) + stop + p.other_per_attempt_s[i]
 
         new_pos = pos[i] + np.where(done, rem, rel)
         corrupted = ~done & (new_pos > 0)
@@ -254,7 +275,10 @@ def simulate(
         finished = done | (graceful & (new_pos >= work[i] - 1e-9))
         active = i[~finished]
     else:
-        raise RuntimeError(f"the simulation did not finish within {max_iterations} interruptions")
+        raise SimulationTooLong(
+            f"the simulation did not finish within {max_iterations} interruptions of one replica: the job "
+            "makes (almost) no progress at this setting (plan/budget.py)"
+        )
 
     correct = np.minimum(violated, work)
     bucket["after_violation"] = (work - correct) / scale

@@ -26,6 +26,7 @@ from torch.distributed.fsdp import FSDPModule
 import truestep
 from truestep.checkpoint.catalog import committed_dirs, run_checkpoint_root
 from truestep.checkpoint.init_from import precheck_init_from
+from truestep.checkpoint.ownership import current_run_id
 from truestep.checkpoint.resolver import ResumeError
 from truestep.checkpoint.restored import RngPolicy
 from truestep.checkpoint.state import RankState
@@ -51,6 +52,7 @@ from truestep.train.emulation import GradientNoise, RestoreError
 from truestep.train.loss import StepLoss
 from truestep.train.memory_check import check_memory
 from truestep.train.optimizer import build_optimizer, set_lr
+from truestep.train.provenance import provenance
 from truestep.train.rng import capture_rng, restore_rng, seed_streams
 from truestep.train.schedule import lr_at
 
@@ -168,6 +170,8 @@ class Trainer:
             data=self.cfg.data.path
             or ", ".join(f"{s.path} ({s.weight:g})" for s in self.cfg.data.sources)
             or "built-in demo corpus",
+            run_id=current_run_id(self.run_dir),  # whose logs these are (analysis/provenance.py)
+            provenance=provenance(self.loader, self.cfg.checkpoint.init_from, self.state.step == 0),
         )
 
     # --- the step ----------------------------------------------------------------------------------
