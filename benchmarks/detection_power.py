@@ -45,11 +45,10 @@ from pathlib import Path
 
 from bench_common import clopper_pearson, load
 
-from truestep.analysis.fidelity import compare
 from truestep.analysis.floor import FloorModel, measure_floor
 from truestep.analysis.runlog import RunLog
-from truestep.analysis.state import distances
-from truestep.analysis.verdict import Status, judge, scalar_rule
+from truestep.analysis.summary import analyze_run
+from truestep.analysis.verdict import Status, scalar_rule
 from truestep.config.load import load_config
 from truestep.core.names import ENV_FAULTS
 
@@ -128,10 +127,12 @@ def run_draw(base: Path, draw: int, args: argparse.Namespace, pool: ThreadPoolEx
 
 
 def judge_both(run: Path, ref: RunLog, floor: FloorModel) -> tuple[bool, bool, str]:
-    """(the envelope rule flags it, the scalar rule flags it, the verdict's status), one comparison."""
-    log = RunLog.load(run)
-    c = compare(log, ref, distances(log.path, ref.path, floor.state_steps))
-    v = judge(c, floor)
+    """(the envelope rule flags it, the scalar rule flags it, the verdict's status), one comparison,
+    made as `truestep fidelity` makes it (analyze_run: ownership, provenance, the recovery the run
+    claims, then the verdict)."""
+    result = analyze_run(run.name, RunLog.load(run), ref, floor)
+    c, v = result.comparison, result.verdict
+    assert c is not None
     if v.status in (Status.INCOMPLETE, Status.INSUFFICIENT_FLOOR):
         raise SystemExit(f"detection_power: {run} judged {v.label}: the benchmark's runs must be complete")
     return not v.preserving, scalar_rule(c, floor) is not None, str(v.status)
@@ -157,6 +158,7 @@ def evaluate(base: Path, args: argparse.Namespace) -> dict:
             }
         out[str(k)] = {
             "k_distinct": floor.k,
+            "notes": floor.notes,
             "tau": {name: fam.tau for name, fam in floor.families.items() if fam.envelope.steps},
             "floor_max_dloss": floor.max_dloss,
             "roles": per_role,

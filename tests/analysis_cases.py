@@ -13,6 +13,14 @@ from truestep.analysis.runlog import RunLog
 
 TOKENS = 256
 FINGERPRINT = "f00dfeedf00dfeed"
+PROVENANCE = {
+    "truestep_version": "0.1.0",
+    "source_sha256": "c0de" * 16,
+    "torch_version": "2.13.0+cpu",
+    "data_sha256": "da7a" * 16,
+    "init_from_sha256": "",
+}
+"""What every hand-made run records it ran: the same code, data and torch (analysis/provenance.py)."""
 _RUNS = itertools.count(1)
 """Each hand-made run starts at its own instant (as real runs do): two runs with the same start times
 are one run copied, and the floor counts a copy once."""
@@ -51,6 +59,7 @@ def start(
         "attempt": attempt,
         "process_start": at if process_start is None else process_start,
         "config_fingerprint": fingerprint,
+        "provenance": dict(PROVENANCE),
     }
 
 

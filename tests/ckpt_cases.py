@@ -158,10 +158,9 @@ CRASH_CASES = [(point, "async") for point in CRASH_POINTS] + [
 ]
 # What the step-6 directory holds when the process dies at each point, in the order the save writes them:
 # rank state before DCP starts; DCP's shard, then this rank's manifest shard once its items are written
-# (after save:mid-shards), then the coordinator's .metadata; rank 0's save record once the parameter
-# digest is gathered (after the write started: in an async save it races the background write, so it may
-# or may not be there at save:mid-shards; in a sync save the write, crash included, comes first); then
-# manifest and marker. Names from the catalog, sorted as the test lists a directory.
+# (after save:mid-shards), then the coordinator's .metadata; rank 0's save record once the ranks agreed
+# on the parameter digest (after the write started); then manifest and marker. Names from the catalog,
+# sorted as the test lists a directory.
 _WRITTEN = [DCP_METADATA, SHARD, RANK0, MANIFEST_SHARD0, SAVE_RECORD]
 FILES_AT_CRASH = {
     "save:before-shards": [],
@@ -171,10 +170,12 @@ FILES_AT_CRASH = {
     "save:before-marker": sorted([*_WRITTEN, MANIFEST]),
     "save:after-marker": sorted([*_WRITTEN, MANIFEST, MARKER]),
 }
-FILES_COMMITTED = FILES_AT_CRASH["save:after-marker"]
+# An async save's shards are written on DCP's thread while the training thread writes the save record:
+# a crash mid-shards may come before or after the record (an uncommitted directory either way). In a
+# sync save the write, crash included, comes first.
+RACING_AT_CRASH = {("save:mid-shards", "async"): {SAVE_RECORD}}
+COMMITTED_FILES = FILES_AT_CRASH["save:after-marker"]
 """A committed checkpoint of the one-rank tiny run."""
-MAY_BE_THERE_AT_CRASH = {("save:mid-shards", "async"): {SAVE_RECORD}}
-"""Files whose presence at the crash depends on a race between threads of the save (comment above)."""
 
 
 @dataclass

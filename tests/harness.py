@@ -111,9 +111,14 @@ def _in_process(run_dir: Path, config: str, overrides: list[str]) -> subprocess.
         load_config(config, [f"--run.dir={run_dir}", *TINY, *overrides])
     except TruestepError:
         return None
+    from truestep.cli.main import report
+
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = run_in_process(run_dir, *overrides, config=config)
+        try:
+            code = run_in_process(run_dir, *overrides, config=config)
+        except Exception as failure:  # what `truestep train` makes of it: one line and its code, or raised
+            code = report("train", failure)
     return subprocess.CompletedProcess(["train", config, *overrides], code, out.getvalue(), err.getvalue())
 
 

@@ -4,6 +4,7 @@ generalizations it relies on (declared gaps, declared precision, runs without a 
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import struct
@@ -197,6 +198,9 @@ def test_torch_file_digest_ignores_the_file_name_and_refuses_what_torch_never_wr
 # ---------------------------------------------------------------------------------------------- run dirs
 
 
+JOB_STARTS = itertools.count()
+
+
 def job(
     tmp: Path,
     name: str,
@@ -204,12 +208,14 @@ def job(
     faults: list[str] = (),
     digest: str | None = "d",
 ) -> JobRecord:  # type: ignore[assignment]
-    """A job's record as job.py leaves it: attempt k's (step, loss) records, one second per attempt."""
+    """A job's record as job.py leaves it: attempt k's (step, loss) records, one second per attempt; each
+    job starts at its own time (jobs that started at the same instants would be one run copied)."""
     spec = JobSpec(name, "faulted" if faults else "reference", ["train", "{run_dir}"], parse_logs("jsonl:l"),
                    [parse_fault(f) for f in faults], "w" if digest else None)  # fmt: skip
-    record = JobRecord(spec, tmp / name / "job", 100.0, digest=digest)
+    began = 100.0 + 1000.0 * next(JOB_STARTS)
+    record = JobRecord(spec, tmp / name / "job", began, digest=digest)
     for k, steps in enumerate(attempts):
-        start = 100.0 + 10 * k
+        start = began + 10 * k
         a = Attempt(
             k,
             ["train"],
@@ -258,12 +264,15 @@ def test_a_resume_seen_in_the_logs_is_judged(failure_free: Path) -> None:
 def test_a_restart_from_the_first_step_is_a_gap_even_when_bitwise(failure_free: Path) -> None:
     verdict = judge(failure_free, job(failure_free, "faulted", [STEPS[:6], STEPS], ["kill@step=6"]))
     assert verdict.status is Status.INCOMPLETE
-    assert verdict.gaps[0].text.startswith("the restart did not resume: it started over from the first step")
+    # the audit's own gap says why; the instrument's scenario rule (no checkpoint_restore) says it too
+    texts = [g.text for g in verdict.gaps]
+    assert any(t.startswith("the restart did not resume: it started over from the first step") for t in texts)
 
 
 def test_a_restart_that_logs_nothing_is_no_resume(failure_free: Path) -> None:
     verdict = judge(failure_free, job(failure_free, "faulted", [STEPS, []], ["kill@step=8"]))
-    assert verdict.status is Status.INCOMPLETE and verdict.gaps[0].what == "no resume was observed"
+    assert verdict.status is Status.INCOMPLETE
+    assert "no resume was observed" in [g.what for g in verdict.gaps], verdict.gaps
 
 
 def test_a_fault_before_the_first_step_exercised_no_resume(failure_free: Path) -> None:

@@ -11,10 +11,10 @@ import pytest
 
 import harness
 from ckpt_cases import (
+    COMMITTED_FILES,
     CRASH_CASES,
     FILES_AT_CRASH,
-    FILES_COMMITTED,
-    MAY_BE_THERE_AT_CRASH,
+    RACING_AT_CRASH,
     CrashCase,
     assert_same_trajectory,
     attempt_events,
@@ -47,9 +47,12 @@ def test_crash_during_save_resumes_from_newest_complete(point, mode, independent
     # The crashed attempt was SIGKILLed at exactly this point of the step-6 save.
     assert case.crashed.returncode == -signal.SIGKILL, case.crashed.stderr[-3000:]
     assert f"truestep fault: crash at {point} step=6 rank=0" in case.crashed.stderr
-    racing = MAY_BE_THERE_AT_CRASH.get((point, mode), set())
-    torn = [f for f in case.files_after_crash.get(6, []) if f not in racing]
-    assert {**case.files_after_crash, 6: torn} == {6: FILES_AT_CRASH[point], 3: FILES_COMMITTED}
+    racing = RACING_AT_CRASH.get((point, mode), set())
+    at_crash = {
+        step: [f for f in files if step != 6 or f not in racing]
+        for step, files in case.files_after_crash.items()
+    }
+    assert at_crash == {6: FILES_AT_CRASH[point], 3: COMMITTED_FILES}
     assert attempt_events(run, "run_end", 0) == []
     assert [e["step"] for e in attempt_events(run, "checkpoint_commit", 0)] == [3]
 
@@ -65,7 +68,7 @@ def test_crash_during_save_resumes_from_newest_complete(point, mode, independent
         (moved,) = quarantined(run)
         assert moved.name.startswith("step_00000006.") and moved.name.endswith(".missing-committed")
         assert events[0]["moved_to"] == str(moved)
-        assert sorted(f.name for f in moved.iterdir()) == case.files_after_crash[6]  # unchanged
+        assert sorted(f.name for f in moved.iterdir()) == case.files_after_crash[6]
     else:
         assert events == [] and quarantined(run) == []
     assert live_steps(run) == [10, 9, 6]  # keep_last_n=3 (default) retired step 3

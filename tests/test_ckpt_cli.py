@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import harness
-from ckpt_cases import FILES_COMMITTED
+from ckpt_cases import COMMITTED_FILES
 from truestep.checkpoint.catalog import MANIFEST, MARKER, QUARANTINE, step_dir_name
 from truestep.checkpoint.inspect import inspect_checkpoint, list_checkpoints
 from truestep.checkpoint.manifest import write_manifest, write_marker
@@ -81,7 +81,7 @@ def test_list_json_on_run_dir_and_root_agree(run, capsys):
     ]
     for e in entries:
         assert e["size_bytes"] == disk_bytes(ckpt(run, e["step"]))
-        assert e["files"] == len(FILES_COMMITTED) and e["reason"] is None and not e["quarantined"]
+        assert e["files"] == len(COMMITTED_FILES) and e["reason"] is None and not e["quarantined"]
     assert [e["latest_hint"] for e in entries] == [True, False]
 
     rc, out_root, _ = cli(capsys, "list", run / "checkpoints", "--json")
@@ -127,7 +127,7 @@ def test_verify_ok(run, capsys):
     rc, out, err = cli(capsys, "verify", ckpt(run, 6))
     assert rc == 0 and err == ""
     assert out.startswith(
-        f"OK {ckpt(run, 6)}: step 6, {len(FILES_COMMITTED)} files, {disk_bytes(ckpt(run, 6))} bytes"
+        f"OK {ckpt(run, 6)}: step 6, {len(COMMITTED_FILES)} files, {disk_bytes(ckpt(run, 6))} bytes"
     )
     rc, out, _ = cli(capsys, "verify", ckpt(run, 3), "--no-checksums")
     assert rc == 0 and "checksums not checked" in out
@@ -178,8 +178,8 @@ def test_inspect_json(run, capsys):
     assert info["train_state"]["step"] == 6
     assert info["train_state"]["tokens_seen"] == 6 * 8 * 32
     assert info["data_position"]["next_batch"] == 6
-    assert info["files"] == len(FILES_COMMITTED) and info["total_bytes"] == disk_bytes(ckpt(run, 6))
-    assert info["manifest_files"] == len(set(FILES_COMMITTED) - {MANIFEST, MARKER})  # it lists the rest
+    assert info["files"] == len(COMMITTED_FILES) and info["total_bytes"] == disk_bytes(ckpt(run, 6))
+    assert info["manifest_files"] == len(set(COMMITTED_FILES) - {MANIFEST, MARKER})  # it lists the rest
     assert info["marker"]["step"] == 6
     assert info["problems"] == []
 

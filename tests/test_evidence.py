@@ -127,11 +127,16 @@ def test_a_run_of_another_experiment_is_refused_unless_asked(tmp_path: Path) -> 
             for e in es
         ],
     )
-    other = clean(tmp_path / "other", fingerprint="0123456789abcdef")
     other = edit(
-        other,
+        killed_and_resumed(tmp_path / "other"),
         events=lambda es: [
-            {**e, "trajectory_keys": {"model.dim": 128, "train.seed": 1}} if e["event"] == "run_start" else e
+            {
+                **e,
+                "config_fingerprint": "0123456789abcdef",
+                "trajectory_keys": {"model.dim": 128, "train.seed": 1},
+            }
+            if e["event"] == "run_start"
+            else e
             for e in es
         ],
     )
@@ -146,7 +151,7 @@ def test_a_run_of_another_experiment_is_refused_unless_asked(tmp_path: Path) -> 
 def test_a_shorter_reference_leaves_the_rest_unverified(tmp_path: Path) -> None:
     """Steps past the reference's end have no reference line: INCOMPLETE (exit 8), never bitwise + 0."""
     ref = clean(tmp_path / "ref", steps=6)
-    run = clean(tmp_path / "run", steps=10)
+    run = killed_and_resumed(tmp_path / "run")
     v = exact(run, ref)
     assert v.status is Status.INCOMPLETE and v.exit_code == 8
     assert v.gaps[0].text == "no reference line for steps 7-10 (4 steps)"
@@ -165,7 +170,7 @@ def test_a_run_without_a_final_digest_is_incomplete(tmp_path: Path) -> None:
     assert v.status is Status.INCOMPLETE and not v.evidence.final_parameters
     assert v.label.startswith("INCOMPLETE: final parameters not compared at step 10")
     assert exact(clean(tmp_path / "ok"), ref).label == (
-        "bitwise: 10/10 steps, 0/0 checkpoints, final parameters"
+        "bitwise: 10/10 steps, 0/0 checkpoints, final parameters (logged digests only: no checkpoint re-read)"
     )
 
 
@@ -191,7 +196,8 @@ def test_the_recomputed_line_is_judged_not_the_last_in_the_file(tmp_path: Path) 
     ref = clean(tmp_path / "ref")
     run = killed_and_resumed(tmp_path / "run")
     assert exact(run, ref).label.startswith(
-        "bitwise: 10/10 steps, 0/0 checkpoints, final parameters, 1 pre-fault"
+        "bitwise: 10/10 steps, 0/0 checkpoints, final parameters (logged digests only: no checkpoint "
+        "re-read), 1 pre-fault"
     )
     stale = edit(
         killed_and_resumed(tmp_path / "stale"),

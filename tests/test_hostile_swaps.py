@@ -19,7 +19,8 @@ from truestep.config.load import load_config
 from truestep.core.errors import ExitCode, RefusedError, UnsafePathError, expected_failure
 from truestep.core.status import RankStatus
 from truestep.resilience.heartbeat import Heartbeat
-from truestep.supervisor.restart_loop import LaunchSpec, Supervisor, run_supervisor
+from truestep.supervisor.driver import ProcessDriver
+from truestep.supervisor.restart_loop import LaunchSpec, run_supervisor
 from truestep.supervisor.standby import StandbyPool
 from truestep.supervisor.watch import AttemptEnd, Failure, Outcome
 from truestep.telemetry.jsonl import read_jsonl
@@ -50,14 +51,16 @@ def test_heartbeats_swapped_during_an_attempt_refuse_the_next_one(
         [AttemptEnd(Outcome.FAILED, Failure("stale_heartbeat", 0, "silent")), AttemptEnd(Outcome.CLEAN)]
     )
 
-    def watch(self: Supervisor, ranks: list) -> AttemptEnd:
-        if self.attempt == 0:
-            _swap(run, how, outside)  # while the first attempt runs
-        return next(ends)
+    class SwapWhileRunning(ProcessDriver):
+        """Real spawns (the directory checks of every attempt), scripted ends."""
 
-    monkeypatch.setattr(Supervisor, "_watch", watch)
+        def watch(self, ranks: list) -> AttemptEnd:
+            if self.sup.attempt == 0:
+                _swap(run, how, outside)  # while the first attempt runs
+            return next(ends)
+
     with pytest.raises(RefusedError) as caught:
-        run_supervisor(LaunchSpec(nproc=1, max_restarts=3, job_id="job"), cfg)
+        run_supervisor(LaunchSpec(nproc=1, max_restarts=3, job_id="job"), cfg, SwapWhileRunning)
     code, line = expected_failure(caught.value) or (None, "")
     assert code == ExitCode.REFUSED and "\n" not in line and f"{run / 'heartbeats'} is" in line, line
     [end] = [e for e in read_jsonl(run / "events.jsonl") if e.get("event") == "supervisor_end"]

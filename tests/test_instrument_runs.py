@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import launch, loss_bits_by_step, truestep_env
+from harness import events, launch, loss_bits_by_step, truestep_env
 from truestep.analysis.floor import measure_floor
 from truestep.analysis.runlog import RunLog
 from truestep.analysis.summary import analyze_run
@@ -103,8 +103,11 @@ def test_the_emulator_makes_same_seed_runs_differ(runs) -> None:
     assert floor.state_steps == [2, 4, 6]
     params = floor.families["params"]
     assert params.calibrated and all(v > 0 for v in params.envelope.values)
-    # Without the emulator the same seed is bitwise: the noise comes from the emulator alone.
-    assert loss_bits_by_step(runs["ref"]) != loss_bits_by_step(runs["noisy-ref"])
+    # Without the emulator the same seed is bitwise: the noise comes from the emulator alone. (The saved
+    # weights' digests, not the losses: Adam's first steps all but cancel a relative gradient noise, so
+    # six float32 losses can come out equal.)
+    saved = {n: [e["param_digest"] for e in events(runs[n], "checkpoint_save")] for n in ("ref", "noisy-ref")}
+    assert saved["ref"][-1] != saved["noisy-ref"][-1], saved
 
 
 def test_zeroed_moments_show_in_the_state_before_the_loss(runs) -> None:

@@ -65,8 +65,19 @@ def assert_restored_from_memory(run: Path, output: str) -> dict:
     phases = began["startup_phases"]
     assert phases["init"] == 0 and phases["verify"] > 0 and phases["load"] > 0, phases
     (check,) = self_checks(run)
-    assert check["event"] == "resume_verified", check
+    assert_checked_as_it_could_be(restore, check)
     return restore
+
+
+def assert_checked_as_it_could_be(restore: dict, check: dict) -> None:
+    """A restore that lost a step is replayed against that step's pre-fault line and verified (the buddy's
+    optimizer state proven by its digest covers the rest). Whether the failed attempt logged the step after
+    the restored one is a race with the failure (its line comes after the snapshot's exchange): a restore
+    that lost nothing has nothing to replay against, and says so (unverified) rather than claim a proof."""
+    if restore["steps_lost"] >= 1:
+        assert check["event"] == "resume_verified", (restore, check)
+    else:
+        assert check["event"] == "resume_unverified" and check["reason"], (restore, check)
 
 
 def test_a_killed_rank_is_restored_from_its_buddys_memory(reference: Path, tmp_path: Path) -> None:

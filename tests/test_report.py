@@ -19,6 +19,7 @@ import pytest
 
 pytest.importorskip("matplotlib")
 
+from analysis_cases import PROVENANCE  # noqa: E402
 from harness import truestep_env  # noqa: E402
 from truestep.analysis.fidelity import compare  # noqa: E402
 from truestep.analysis.floor import measure_floor  # noqa: E402
@@ -64,7 +65,14 @@ class RunWriter:
         self.sup("attempt_start", attempt=attempt, pids=[1234 + attempt], master_port=29500)
         began = self.now
         self.now += startup / 2
-        self.ev(attempt, "run_start", process_start=began, start_step=0, config_fingerprint="f00d")
+        self.ev(
+            attempt,
+            "run_start",
+            process_start=began,
+            start_step=0,
+            config_fingerprint="f00d",
+            provenance=PROVENANCE,
+        )
         self.now = began + startup
 
     def steps(self, attempt: int, first: int, last: int, perturb: dict[int, float] | None = None) -> None:
@@ -160,7 +168,9 @@ def faulted_run(
     relaunch = w.now
     w.sup("attempt_start", attempt=1, pids=[2000], master_port=29501)
     w.now += STARTUP_S / 2
-    w.ev(1, "run_start", process_start=relaunch, start_step=0, config_fingerprint="f00d")
+    w.ev(
+        1, "run_start", process_start=relaunch, start_step=0, config_fingerprint="f00d", provenance=PROVENANCE
+    )
     w.now = relaunch + STARTUP_S - RESTORE_S
     w.now += RESTORE_S
     w.ev(1, "checkpoint_restore", path="ckpt/step_5", restore_s=RESTORE_S, step=SAVE_AT, layout_changed=False)
@@ -231,7 +241,10 @@ def test_report_on_exact_floor(tmp_path: Path) -> None:
     # The analysis itself, on numbers known by construction.
     assert group.floor.bitwise and group.floor.max_dloss == 0.0 and group.floor.source == "measured"
     faulted = runs["faulted"]
-    counted = "10/10 steps, 0/0 checkpoints, final parameters, 1 pre-fault line re-checked"
+    counted = (
+        "10/10 steps, 0/0 checkpoints, final parameters (logged digests only: no checkpoint re-read), "
+        "1 pre-fault line re-checked"
+    )
     assert faulted.verdict.label == f"bitwise: {counted}" and faulted.comparison.first_divergent_step is None
     assert faulted.comparison.fraction_bitwise_equal == 1.0
     assert faulted.comparison.digests[STEPS] is True

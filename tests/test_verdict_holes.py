@@ -69,7 +69,12 @@ def test_a_floor_that_was_faulted_or_resumed_is_refused(tmp_path: Path) -> None:
 
 def test_equal_losses_with_a_different_final_digest_are_a_violation(tmp_path: Path) -> None:
     ref = clean(tmp_path / "ref")
-    run = clean(tmp_path / "run", digest="zeroed-moments")
+    run = killed_and_resumed(tmp_path / "run")
+    ends = (
+        (run.path / "events.jsonl").read_text().replace('"param_digest": "final"', '"param_digest": "zeroed"')
+    )
+    (run.path / "events.jsonl").write_text(ends)
+    run = RunLog.load(run.path)
     v = judge(compare(run, ref), measure_floor(ref, []))
     assert v.status is Status.VIOLATED and v.violation.observable == "digest" and v.first_violation_step == 10
     proc = cli("fidelity", str(run.path), "--reference", str(ref.path))

@@ -17,6 +17,8 @@ import math
 from dataclasses import dataclass, field
 from statistics import fmean
 
+from truestep.analysis.provenance import differences as provenance_differences
+from truestep.analysis.restores import restore_events
 from truestep.analysis.runlog import RunLog, RunLogError, finite_abs_diff
 from truestep.analysis.state import StateDistance, checkpoints
 from truestep.config.fingerprint import diff_keys
@@ -116,6 +118,12 @@ class Comparison:
     declared_gaps: list[tuple[str, tuple[int, ...], str]] = field(default_factory=list)
     """Evidence the run's own log says is missing, as (what, steps, detail): evidence_gap events
     (analysis/runlog.py), e.g. `truestep audit`'s fault that never fired or restart that started over."""
+    final_checkpoint_lost: bool = False
+    """The run's logs say its judged attempt committed a checkpoint at the final step, and none is on
+    disk: the digest its logs claim for the final parameters cannot be re-read."""
+    provenance: list[str] = field(default_factory=list)
+    """What the run's recorded provenance (code, data, init source, torch) says that the reference's
+    does not (analysis/provenance.py); empty: the same. Non-empty only where the caller compared anyway."""
 
     @property
     def config_differs(self) -> bool:
@@ -256,7 +264,7 @@ def _windows(run: RunLog, deltas: dict[int, StepDelta]) -> list[Window]:
     """One window per resume: the final-trajectory steps computed by the attempt that resumed (an
     attempt's first restore; a later NaN rollback inside it is not a resume)."""
     windows, seen = [], set()
-    for event in run.named("checkpoint_restore"):
+    for event in restore_events(run):  # from disk or from memory
         attempt = event.get("attempt")
         if attempt in seen:
             continue
@@ -278,6 +286,16 @@ def _windows(run: RunLog, deltas: dict[int, StepDelta]) -> list[Window]:
     return windows
 
 
+def _final_checkpoint_lost(run: RunLog, final: int | None, kept: dict[int, object]) -> bool:
+    """The attempt that computed the final step logged a commit of its checkpoint, and it is not kept."""
+    line = run.final_steps.get(final) if final is not None else None
+    if line is None or final in kept:
+        return False
+    return any(
+        e.get("step") == final and e.get("attempt") == line["attempt"] for e in run.named("checkpoint_commit")
+    )
+
+
 def compare(run: RunLog, ref: RunLog, state: list[StateDistance] | None = None) -> Comparison:
     """Everything observable about `run` next to `ref`. `state` is analysis.state.distances(run, ref)
     when the checkpoints were read (they are read once, by the caller that knows which steps count;
@@ -287,6 +305,7 @@ def compare(run: RunLog, ref: RunLog, state: list[StateDistance] | None = None) 
     ref_digests, run_digests = ref.digests(), run.digests()
     found, not_compared = replays(run)
     kept, ref_kept = checkpoints(run.path), checkpoints(ref.path)
+    final = max(ref.final_steps, default=None)
     return Comparison(
         steps=deltas,
         missing_steps=[s for s in ref.final_steps if s not in run.final_steps],
@@ -303,6 +322,8 @@ def compare(run: RunLog, ref: RunLog, state: list[StateDistance] | None = None) 
         checkpoint_steps=sorted(s for s in ref_kept if s in kept),
         run_only_checkpoints=sorted(s for s in kept if s not in ref_kept),
         state_read=state is not None,
-        final_step=max(ref.final_steps, default=None),
+        final_step=final,
         declared_gaps=run.declared_gaps(),
+        final_checkpoint_lost=_final_checkpoint_lost(run, final, kept),
+        provenance=provenance_differences(run, ref),
     )

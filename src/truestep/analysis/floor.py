@@ -28,9 +28,15 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from truestep.analysis.draws import independent
 from truestep.analysis.fidelity import DEFAULT_MARGIN, GRAD_NORM, LOSS, Comparison, compare
+from truestep.analysis.provenance import check_provenance, same_run
+from truestep.analysis.provenance import differences as provenance_differences
+from truestep.analysis.provenance import ownership_problem as owned_problem
+from truestep.analysis.restores import restore_events
 from truestep.analysis.runlog import RunLog, RunLogError
 from truestep.analysis.state import checkpoints, distances
+from truestep.telemetry.lines import determined
 
 DIGEST = "digest"
 STEP_FAMILIES = (LOSS, GRAD_NORM)
@@ -91,6 +97,8 @@ class FloorModel:
     precision: list[str] = field(default_factory=list)
     """One phrase per observable the reference declared it logged rounded: compared at that precision
     (`precision_notes`)."""
+    provenance: list[str] = field(default_factory=list)
+    """How repeats' provenance differs from the reference's, where the caller accepted it (labelled)."""
 
     @property
     def k(self) -> int:
@@ -121,6 +129,7 @@ class FloorModel:
     def label(self) -> str:
         """How the floor was obtained, in a phrase: what every report and CLI line says about it."""
         layout = " (CROSS-LAYOUT: " + " / ".join(self.layouts) + ")" if self.cross_layout else ""
+        layout += " (PROVENANCE DIFFERS: " + "; ".join(self.provenance) + ")" if self.provenance else ""
         if not self.repeats:
             return "no floor measured (exact equality assumed)" + layout
         if self.bitwise:
@@ -207,19 +216,26 @@ def _statistic(run: dict[int, float], envelope: Envelope) -> float:
     )
 
 
-def _resolutions(ref: RunLog) -> dict[str, dict[int, float]]:
-    """Family -> step -> the smallest difference the logs can show: one fp32 ulp of the reference's loss
-    and grad norm, or the rounding step a run declared for an observable (a trainer that logs the loss
-    at 4 decimals cannot show a change below 1e-4), whichever is larger."""
-    found = {
-        LOSS: {s: f32_ulp(m["loss"]) for s, m in ref.final_steps.items()},
-        GRAD_NORM: {s: f32_ulp(m["grad_norm"]) for s, m in ref.final_steps.items()},
-    }
+def _resolutions(ref: RunLog, comparisons: list[Comparison]) -> dict[str, dict[int, float]]:
+    """Family -> step -> the smallest difference the family can resolve there: one fp32 ulp of the
+    reference's logged value (every observable of a metrics line), of the L2 norm of the reference's
+    tensors of a state kind (at a checkpoint), or the rounding step a run declared for an observable (a
+    trainer that logs the loss at 4 decimals cannot show a change below 1e-4), whichever is larger. No
+    envelope falls below it, so a repeat that is too close (zero where the others are not) cannot make a
+    leave-one-out statistic, or a threshold, infinite."""
+    out: dict[str, dict[int, float]] = {}
+    for s, line in ref.final_steps.items():
+        for name, value in determined(line).items():
+            out.setdefault(name, {})[s] = f32_ulp(float(value))
+    for c in comparisons:
+        for d in c.state:
+            for kind, norm in d.scale.items():
+                out.setdefault(kind, {})[d.step] = f32_ulp(norm)
     for name, step in ref.precision().items():
-        held = found.setdefault(name, {})
+        held = out.setdefault(name, {})
         for s in ref.final_steps:
             held[s] = max(held.get(s, 0.0), step)
-    return found
+    return out
 
 
 def precision_notes(ref: RunLog) -> list[str]:
@@ -242,19 +258,23 @@ def validate_run(run: RunLog, role: str) -> None:
     faults = run.fault_specs()
     if faults:
         raise RunLogError(f"{where} had injected faults ({'; '.join(faults)}): it must be failure-free")
-    if run.named("checkpoint_restore"):
-        raise RunLogError(f"{where} resumed from a checkpoint: it must run uninterrupted from step 0")
+    if restore_events(run):
+        raise RunLogError(
+            f"{where} resumed (from a checkpoint or peers' memory): it must run uninterrupted from step 0"
+        )
     attempts = sorted({int(m["attempt"]) for m in run.metrics})
     if len(attempts) > 1 or len(run.metrics) != len(run.final_steps):
         raise RunLogError(
             f"{where} logged steps more than once or in several attempts ({attempts}): it restarted"
         )
-    bad = next(
-        (s for s, m in run.final_steps.items() if not all(map(math.isfinite, (m["loss"], m["grad_norm"])))),
-        None,
-    )
-    if bad is not None:
-        raise RunLogError(f"{where} has a non-finite loss or grad norm at step {bad}")
+    problem = owned_problem(run)
+    if problem:
+        raise RunLogError(f"{where} holds another run's logs ({problem})")
+    for s, m in run.final_steps.items():
+        bad = sorted(k for k, v in determined(m).items() if not math.isfinite(v))
+        if bad:
+            what = "loss or grad norm" if set(bad) & {LOSS, GRAD_NORM} else "observable"
+            raise RunLogError(f"{where} has a non-finite {what} at step {s} ({', '.join(bad)})")
     if len(run.fingerprints()) > 1:
         raise RunLogError(f"{where} changed its config between attempts: {', '.join(run.fingerprints())}")
     last = max(run.final_steps)
@@ -276,10 +296,28 @@ def _span(steps: list[int]) -> str:
     return f"{steps[0]}..{steps[-1]} ({len(steps)})" if steps else "none"
 
 
-def _validate_repeat(repeat: RunLog, ref: RunLog, cross_layout: bool) -> None:
+def _validate_repeat(repeat: RunLog, ref: RunLog, cross_layout: bool, any_provenance: bool) -> list[str]:
+    """Refuse a repeat that is no same-seed repeat of the reference; returns its provenance
+    differences where the caller accepts them (`any_provenance`)."""
     if repeat.path.resolve() == ref.path.resolve():
         raise RunLogError(f"floor run {repeat.path} is the reference itself: a floor must be other runs")
     validate_run(repeat, "floor run")
+    differs = provenance_differences(repeat, ref)
+    if differs and not any_provenance:
+        check_provenance(repeat, ref, "floor run")
+    absent = next(
+        (
+            (s, sorted(set(determined(line)) ^ set(determined(repeat.final_steps[s]))))
+            for s, line in ref.final_steps.items()
+            if s in repeat.final_steps and set(determined(line)) != set(determined(repeat.final_steps[s]))
+        ),
+        None,
+    )
+    if absent is not None:
+        raise RunLogError(
+            f"floor run {repeat.path} and the reference log different observables at step {absent[0]} "
+            f"({', '.join(absent[1])}): every observable judged needs a floor"
+        )
     if repeat.fingerprints() != ref.fingerprints():
         raise RunLogError(
             f"floor run {repeat.path} has config fingerprint {', '.join(repeat.fingerprints())}, the "
@@ -296,45 +334,34 @@ def _validate_repeat(repeat: RunLog, ref: RunLog, cross_layout: bool) -> None:
             f"in {', '.join(ref.layouts()) or 'unknown'}: a floor of another layout measures other noise "
             "(give --cross-layout-floor to use it anyway; the floor is then labelled cross-layout)"
         )
+    return differs
 
 
 def _distinct(ref: RunLog, repeats: list[RunLog]) -> tuple[list[RunLog], list[str]]:
     """Repeats that are separate runs: not a copy of the reference or of an earlier repeat."""
-    seen = {ref.identity: "the reference"}
-    kept, notes = [], []
+    kept: list[RunLog] = []
+    notes = []
     for repeat in repeats:
-        twin = seen.get(repeat.identity) if repeat.identity else None
-        if twin is None:
-            for other in kept:
-                if other.path.resolve() == repeat.path.resolve():
-                    twin = str(other.path)
+        twin = next((str(o.path) for o in kept if same_run(o, repeat)), None)
+        twin = "the reference" if same_run(ref, repeat) else twin
         if twin is not None:
             notes.append(f"{repeat.path} is a copy of {twin} (same run): not counted")
             continue
-        seen[repeat.identity] = str(repeat.path)
         kept.append(repeat)
     return kept, notes
 
 
-def _signature(obs: dict[str, dict[int, float]]) -> tuple:
-    return tuple(sorted((name, tuple(sorted(values.items()))) for name, values in obs.items()))
-
-
-def _distinct_draws(repeats: list[RunLog], comparisons: list[Comparison]) -> tuple[list[int], list[str]]:
-    """At a nonzero floor: indices of the repeats that are distinct draws. One bit-identical to the
-    reference in every observable, or to an earlier repeat, is no independent draw of the noise."""
-    kept, notes, seen = [], [], {}
-    for i, (repeat, c) in enumerate(zip(repeats, comparisons, strict=True)):
-        if c.bitwise:
-            notes.append(f"{repeat.path} is bit-identical to the reference in every observable: not a draw")
-            continue
-        sig = _signature(observations(c))
-        if sig in seen:
-            notes.append(f"{repeat.path} is bit-identical to {repeats[seen[sig]].path}: counted once")
-            continue
-        seen[sig] = i
-        kept.append(i)
-    return kept, notes
+def _check_finite(repeats: list[RunLog], comparisons: list[Comparison]) -> None:
+    """Every observation a repeat contributes must be a number: an infinite state distance (a tensor
+    in one checkpoint only, or of another shape) would make its family's envelope infinite."""
+    for repeat, c in zip(repeats, comparisons, strict=True):
+        for family, values in observations(c).items():
+            bad = sorted(s for s, v in values.items() if not math.isfinite(v))
+            if bad and family != DIGEST:
+                raise RunLogError(
+                    f"floor run {repeat.path}: {family} is not comparable with the reference's at step "
+                    f"{bad[0]} (a tensor in one checkpoint only, or of another shape): not a same-config repeat"
+                )
 
 
 def measure_floor(
@@ -343,13 +370,14 @@ def measure_floor(
     margin: float = DEFAULT_MARGIN,
     read_state: bool = True,
     cross_layout: bool = False,
+    any_provenance: bool = False,
 ) -> FloorModel:
-    """The floor from K >= 0 failure-free same-seed repeats of the reference (K = 0: exact equality)."""
+    """The floor from K >= 0 failure-free same-seed repeats of the reference (K = 0: exact equality).
+    `any_provenance`: accept repeats whose provenance differs from the reference's (labelled)."""
     if not (margin >= 1.0 and math.isfinite(margin)):
         raise RunLogError(f"--margin must be a finite number >= 1, got {margin}")
     validate_run(ref, "reference")
-    for repeat in repeats:
-        _validate_repeat(repeat, ref, cross_layout)
+    differs = [d for repeat in repeats for d in _validate_repeat(repeat, ref, cross_layout, any_provenance)]
     repeats, notes = _distinct(ref, repeats)
     steps = sorted(checkpoints(ref.path)) if read_state else []
     for repeat in repeats:
@@ -357,11 +385,12 @@ def measure_floor(
     comparisons = [compare(r, ref, distances(r.path, ref.path, steps) if steps else []) for r in repeats]
     bitwise = all(c.bitwise for c in comparisons)
     if not bitwise:
-        kept, more = _distinct_draws(repeats, comparisons)
+        kept, more = independent(ref, repeats, comparisons, LOOKAHEAD)
         repeats, comparisons, notes = [repeats[i] for i in kept], [comparisons[i] for i in kept], notes + more
+        _check_finite(repeats, comparisons)
     layouts = list(dict.fromkeys([*ref.layouts(), *(x for r in repeats for x in r.layouts())]))
     seen = [observations(c) for c in comparisons]
-    resolution = {} if bitwise else _resolutions(ref)
+    resolution = {} if bitwise else _resolutions(ref, comparisons)
     order = 2 if len(seen) >= ROBUST_FROM else 1
     families = {}
     for family in sorted({name for obs in seen for name in obs} | {LOSS, GRAD_NORM, DIGEST}):
@@ -390,4 +419,5 @@ def measure_floor(
         cross_layout=len(layouts) > 1,
         layouts=layouts,
         precision=precision_notes(ref),
+        provenance=list(dict.fromkeys(differs)),
     )

@@ -18,6 +18,7 @@ import math
 from dataclasses import dataclass, field
 
 from truestep.analysis.idle import IDLE_KINDS, Idle, idle_periods, records_before
+from truestep.analysis.restores import StepsLost, restore_events, steps_lost
 from truestep.analysis.runlog import RunLog
 
 WORK_KINDS = ("useful", "lost_work", "after_violation", "unverifiable")
@@ -66,6 +67,8 @@ class Goodput:
     inconsistencies: list[str] = field(default_factory=list)
     after_completion: list[int] = field(default_factory=list)
     """Attempts launched after the job completed: named here, outside the wall clock (analysis/idle.py)."""
+    steps_lost: StepsLost = field(default_factory=StepsLost)
+    """Steps lost per recovery and where each came from (memory or disk; analysis/restores.py)."""
 
 
 @dataclass(frozen=True)
@@ -114,7 +117,7 @@ def _startup_and_restore(run: RunLog, starts: dict[int, float]) -> list[Span]:
             if lines
             else max(_attempt_records(run, attempt), default=began)
         )
-        restores = [e for e in run.named("checkpoint_restore") if e.get("attempt") == attempt]
+        restores = [e for e in restore_events(run) if e.get("attempt") == attempt]
         cursor = began
         # Only a restore before the first step is part of start-up (a later NaN rollback is not).
         for e in restores:
@@ -226,6 +229,7 @@ def goodput(
         spans=spans,
         inconsistencies=problems,
         after_completion=idle.after_completion,
+        steps_lost=steps_lost(run),
     )
 
 

@@ -1,5 +1,7 @@
 """MTTR per incident: fault -> detected -> all ranks down -> relaunched -> restored -> first new step, and
-the time to regain the step the run had reached before the fault. All from event timestamps.
+the time to regain the step the run had reached before the fault. All from event timestamps. The
+restore is from disk or from peers' memory (analysis/restores.py): each incident says which, how long the
+restore itself took within its phase, and how many steps it lost.
 
 An incident is anything the job had to recover from, whether or not anyone injected it:
 - an injected fault (`fault_injected`): its time is the fault's;
@@ -25,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from truestep.analysis.goodput import attempt_at, attempt_starts
+from truestep.analysis.restores import incident_fields, restore_events
 from truestep.analysis.runlog import RunLog
 
 PROCESS_FAULTS = ("kill", "hang", "crash", "crash-in-save", "corrupt", "term")
@@ -52,6 +55,13 @@ class Incident:
     """fault -> the pre-fault step is reached again."""
     origin: str = "injected"
     """injected, detected or relaunch (module docstring)."""
+    restore_source: str | None = None
+    """Where the attempt that took over restored from: memory or disk (None: a fresh start, or none)."""
+    restore_s: float | None = None
+    """Of the `restore` phase, the restore itself (its event's `restore_s`); the rest is start-up."""
+    steps_lost: int | None = None
+    """Steps completed before the incident and recomputed after it (the restore event's `steps_lost`; a
+    fresh start lost every step; None: not known)."""
     startup_s: dict[str, float] | None = None
     """Where the recovering attempt's own start-up went (its `run_start.startup_phases`: import, build,
     init, verify, load seconds on rank 0); None where it never logged one."""
@@ -184,7 +194,7 @@ def _recovery(run: RunLog, onset: _Onset, starts: dict[int, float], launches: di
         (a for a in later if t_down is not None and launches.get(a, starts.get(a, -1)) >= t_down), None
     )
     t_relaunch = launches.get(successor, starts.get(successor)) if successor is not None else None
-    restores = [e for e in run.named("checkpoint_restore") if e.get("attempt") == successor]
+    restores = [e for e in restore_events(run) if e.get("attempt") == successor]
     t_restore = restores[0]["time"] if restores else None
     after = t_restore if t_restore is not None else t_relaunch
     lines = [m for m in run.metrics if m["attempt"] == successor and after is not None and m["time"] >= after]
@@ -211,6 +221,7 @@ def _recovery(run: RunLog, onset: _Onset, starts: dict[int, float], launches: di
         mttr_s=_span(t0, t_first),
         regain_s=_span(t0, regained),
         origin=onset.origin,
+        **incident_fields(run, successor),
         startup_s=its_starts[0]["startup_phases"] if its_starts and successor is not None else None,
     )
 

@@ -17,7 +17,7 @@ no log file can redirect it), a bounded number of bytes at a time. torch is impo
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -41,6 +41,9 @@ class StateDistance:
     where a tensor is in one checkpoint only or has another shape."""
     tensors: dict[str, float]
     """`kind:name` -> L2 norm of that tensor's difference."""
+    scale: dict[str, float] = field(default_factory=dict)
+    """Kind -> L2 norm of the reference's tensors of that kind (compared ones): what the resolution of
+    a distance is measured against (analysis/floor.py)."""
 
     @property
     def nonzero(self) -> bool:
@@ -106,6 +109,7 @@ def distance_at(run_ckpt: Path, ref_ckpt: Path, step: int) -> StateDistance:
 
     run_meta, ref_meta = stored_tensors(run_ckpt), stored_tensors(ref_ckpt)
     squares: dict[str, float] = {}
+    norms: dict[str, float] = {}
     tensors: dict[str, float] = {}
     common = {k: m for k, m in ref_meta.items() if k in run_meta and run_meta[k] == m}
     for key in sorted(set(run_meta) | set(ref_meta)):
@@ -120,9 +124,11 @@ def distance_at(run_ckpt: Path, ref_ckpt: Path, step: int) -> StateDistance:
             d = float((ours[key].double() - theirs[key].double()).norm())
             tensors[f"{kind}:{name}"] = d
             squares[kind] = squares.get(kind, 0.0) + d * d
+            norms[kind] = norms.get(kind, 0.0) + float(theirs[key].double().norm()) ** 2
         del ours, theirs
     totals = {kind: math.sqrt(v) for kind, v in sorted(squares.items())}
-    return StateDistance(step, totals, dict(sorted(tensors.items())))
+    scale = {kind: math.sqrt(v) for kind, v in sorted(norms.items())}
+    return StateDistance(step, totals, dict(sorted(tensors.items())), scale)
 
 
 def distances(run_dir: Path, ref_dir: Path, steps: list[int] | None = None) -> list[StateDistance]:

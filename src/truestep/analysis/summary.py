@@ -20,7 +20,10 @@ from truestep.analysis.fidelity import DEFAULT_MARGIN, Comparison, check_compara
 from truestep.analysis.floor import FloorModel, measure_floor
 from truestep.analysis.goodput import CheckpointOverhead, Goodput, checkpoint_overhead, goodput
 from truestep.analysis.mttr import Incident, incidents
-from truestep.analysis.runlog import RunLog
+from truestep.analysis.provenance import check_owned, check_provenance, same_run
+from truestep.analysis.restores import restore_events
+from truestep.analysis.runlog import RunLog, RunLogError
+from truestep.analysis.scenario import Scenario, scenario
 from truestep.analysis.self_check import self_check_label
 from truestep.analysis.state import distances
 from truestep.analysis.verdict import (
@@ -41,7 +44,7 @@ class RunAnalysis:
     """reference, floor, faulted, ablation or run."""
     faults: list[str]
     resumes: int
-    """Attempts that resumed from a checkpoint."""
+    """Attempts that resumed (from a checkpoint or from peers' memory)."""
     comparison: Comparison | None
     verdict: RunVerdict
     goodput: Goodput
@@ -91,28 +94,41 @@ def analyze_run(
     read_state: bool = True,
     comparison: Comparison | None = None,
     compare_anyway: bool = False,
+    any_provenance: bool = False,
+    declared_faults: list[str] | None = None,
 ) -> RunAnalysis:
     """One run against its reference and floor (without a reference: goodput and MTTR only).
     `comparison`: the run's comparison with `ref` when already made (a floor repeat's). A run of another
-    experiment (its first attempt's config is not the reference's) is refused unless `compare_anyway`."""
+    experiment (its first attempt's config is not the reference's) is refused unless `compare_anyway`;
+    one whose provenance (code, data, init source, torch) is not the reference's unless `any_provenance`
+    (the verdict is then labelled). A run under test (role run, faulted, ablation) is judged on the
+    recovery it claims: `declared_faults` (an experiment's job faults) and the faults it was armed with
+    must have fired and it must have resumed (analysis/scenario.py); the reference itself, a copy of it,
+    or (role run) a failure-free run is refused."""
     verdict = UNCHECKED
     if ref is not None:
+        check_owned(run, role)
         if not compare_anyway:
             check_comparable(run, ref)
+        if not any_provenance:
+            check_provenance(run, ref, role)
+        claims = scenario(run, declared_faults or []) if role in UNDER_TEST else None
+        if claims is not None:
+            _check_under_test(run, ref, role, claims)
         floor = floor or measure_floor(ref, [], read_state=read_state)
         if comparison is None:
             steps = floor.state_steps if read_state else []
             comparison = compare(
                 run, ref, (distances(run.path, ref.path, steps) if steps else []) if read_state else None
             )
-        verdict = judge(comparison, floor)
+        verdict = judge(comparison, floor, claims)
     uncounted = set(comparison.unverifiable_steps) | set(comparison.foreign_steps) if comparison else set()
     return RunAnalysis(
         name=name,
         path=str(run.path),
         role=role,
         faults=run.fault_specs(),
-        resumes=len({e.get("attempt") for e in run.named("checkpoint_restore")}),
+        resumes=len({e.get("attempt") for e in restore_events(run)}),
         comparison=comparison,
         verdict=verdict,
         goodput=goodput(run, verdict.first_uncounted_step, uncounted),
@@ -142,6 +158,27 @@ def training_facts(run: RunLog) -> dict[str, Any]:
     }
 
 
+UNDER_TEST = ("run", "faulted", "ablation")
+"""Roles whose verdict is a claim about a recovery (analysis/scenario.py)."""
+
+
+def _check_under_test(run: RunLog, ref: RunLog, role: str, claims: Scenario) -> None:
+    """Refuse (exit 3) a run under test that cannot say anything about a recovery: the reference or a
+    copy of it anywhere; a failure-free run where one run was asked about (in an experiment, what did not
+    happen is a gap of its verdict instead)."""
+    if same_run(run, ref):
+        raise RunLogError(
+            f"{role} {run.path} is the reference or a copy of it (same run id or the same attempts): "
+            "comparing a run with itself says nothing about a recovery"
+        )
+    if role == "run" and claims.failure_free:
+        unfired = f"; named but never fired: {'; '.join(claims.unfired)}" if claims.unfired else ""
+        raise RunLogError(
+            f"{run.path} is a failure-free run (no fault fired, no restart, no checkpoint restored{unfired}): "
+            "a fidelity verdict is about a recovery; use it as a floor repeat (--floor) instead"
+        )
+
+
 def analyze_group(
     ref_name: str,
     ref: RunLog,
@@ -152,9 +189,11 @@ def analyze_group(
     name: str = "",
     note: str = "",
     read_state: bool = True,
+    declared: dict[str, list[str]] | None = None,
 ) -> GroupSummary:
     """A reference, its floor repeats, and other runs by name -> (role, log); `cells` are the ablation
-    cells as (row, mode, run name) naming runs of `others`."""
+    cells as (row, mode, run name) naming runs of `others`; `declared`: run name -> the faults the
+    experiment gave it."""
     floor = measure_floor(ref, list(floors.values()), margin, read_state)
     runs = {ref_name: analyze_run(ref_name, ref, None, None, "reference")}
     made = dict(zip(floor.repeats, floor.comparisons, strict=True))
@@ -163,7 +202,8 @@ def analyze_group(
             floor_name, log, ref, floor, "floor", read_state, made.get(str(log.path))
         )
     for run_name, (role, log) in others.items():
-        runs[run_name] = analyze_run(run_name, log, ref, floor, role, read_state)
+        faults = (declared or {}).get(run_name)
+        runs[run_name] = analyze_run(run_name, log, ref, floor, role, read_state, declared_faults=faults)
     judged = [CellVerdict(row, mode, run, runs[run].verdict) for row, mode, run in cells]
     faulted = {n: r.verdict for n, r in runs.items() if r.role == "faulted"}
     return GroupSummary(name, note, ref_name, floor, runs, judged, judge_experiment(faulted, judged))

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 
 from truestep.analysis.fidelity import DEFAULT_MARGIN, LOSS, Comparison
 from truestep.analysis.floor import DIGEST, FloorModel, observations, ratio
+from truestep.analysis.scenario import Scenario
 from truestep.core.errors import ExitCode
 
 MISSING = "missing step"
@@ -101,6 +102,8 @@ class Evidence:
     """Checkpoint steps both runs kept."""
     final_parameters: bool
     """The parameters after the last step were compared (digest or state distance)."""
+    final_from_logs: bool = False
+    """They were compared by the digests the logs claim only: no checkpoint of that step was re-read."""
     replays: int = 0
     """Earlier (pre-fault) lines of recomputed steps compared with the recomputed line."""
     replays_not_compared: int = 0
@@ -113,7 +116,11 @@ class Evidence:
         parts = [
             f"{self.steps}/{self.steps_expected} steps",
             f"{self.checkpoints}/{self.checkpoints_expected} checkpoints",
-            "final parameters" if self.final_parameters else "final parameters NOT compared",
+            "final parameters NOT compared"
+            if not self.final_parameters
+            else "final parameters (logged digests only: no checkpoint re-read)"
+            if self.final_from_logs
+            else "final parameters",
         ]
         if self.replays:
             parts.append(f"{self.replays} pre-fault line{'s' if self.replays > 1 else ''} re-checked")
@@ -133,6 +140,9 @@ class RunVerdict:
     evidence: Evidence | None = None
     floor: str = ""
     """How the floor the run was judged against was obtained (FloorModel.label)."""
+    caveat: str = ""
+    """What the caller accepted that the instrument would have refused (runs of another provenance),
+    said in every label."""
 
     @property
     def preserving(self) -> bool:
@@ -155,6 +165,9 @@ class RunVerdict:
     @property
     def label(self) -> str:
         """The verdict in one line, as every command and the report show it."""
+        return self._label() + (f" [{self.caveat}]" if self.caveat else "")
+
+    def _label(self) -> str:
         counted = self.evidence.text if self.evidence else ""
         if self.status is Status.VIOLATED and self.violation is not None:
             text = f"VIOLATED at step {self.violation.step} ({self.violation.observable})"
@@ -200,18 +213,52 @@ def _judged_checkpoints(c: Comparison, floor: FloorModel) -> set[int]:
     return {s for s in taken if params is not None and params.envelope.at(s) is not None}
 
 
-def _final_compared(c: Comparison, floor: FloorModel, judged_ckpts: set[int]) -> bool:
+def _final_compared(c: Comparison, floor: FloorModel, judged_ckpts: set[int]) -> tuple[bool, bool]:
+    """(the final parameters were compared, only by the digests the logs claim). A checkpoint of the
+    final step re-read on both sides is the parameters themselves; a logged digest is what the logs say
+    they were, and is labelled so."""
     final = c.final_step
     if final is None:
-        return False
+        return False, False
     if final in judged_ckpts:
-        return True
+        return True, False
     # Equal digests are identical parameters anywhere; a differing digest says nothing at a nonzero floor.
-    return c.digests.get(final) is True or (floor.bitwise and final in c.digests)
+    by_digest = c.digests.get(final) is True or (floor.bitwise and final in c.digests)
+    return by_digest, by_digest
+
+
+def _unjudged_observables(c: Comparison, floor: FloorModel) -> list[Gap]:
+    """Observables of the run's metrics lines the floor has no envelope for at a step (a nonzero floor
+    judges each observable against its own family; one without a floor would silently pass)."""
+    if floor.bitwise or floor.insufficient:
+        return []
+    gaps = []
+    kinds = {kind for d in c.state for kind in d.totals}
+    for family, values in sorted(observations(c).items()):
+        if family == DIGEST or family in kinds:
+            continue
+        judged = floor.families.get(family)
+        missing = tuple(s for s in values if judged is None or judged.envelope.at(s) is None)
+        if missing:
+            gaps.append(Gap(f"no floor for {family} at steps", missing, "the floor repeats did not log it"))
+    return gaps
+
+
+def scenario_gaps(scenario: Scenario) -> list[Gap]:
+    """What a run under test did not live through of what its verdict claims (analysis/scenario.py)."""
+    return [Gap(what, detail=detail) for what, detail in scenario.missing()]
 
 
 def _gaps(c: Comparison, floor: FloorModel, judged_ckpts: set[int], final_ok: bool) -> list[Gap]:
     gaps = [Gap(what, steps, detail) for what, steps, detail in c.declared_gaps]
+    if c.final_checkpoint_lost and c.final_step is not None:
+        gaps.append(
+            Gap(
+                "the run's final checkpoint is gone at step",
+                (c.final_step,),
+                "its logs say it was committed; what they claim of the final parameters cannot be re-read",
+            )
+        )
     if c.missing_steps:
         gaps.append(Gap("the run never logged steps", tuple(c.missing_steps)))
     if c.unverifiable_steps:
@@ -239,7 +286,7 @@ def _gaps(c: Comparison, floor: FloorModel, judged_ckpts: set[int], final_ok: bo
             else "no state distance at that step (a differing digest cannot be judged at a nonzero floor)"
         )
         gaps.append(Gap("final parameters not compared at step", (c.final_step,), why))
-    return gaps
+    return gaps + _unjudged_observables(c, floor)
 
 
 def _violations(c: Comparison, floor: FloorModel) -> list[Violation]:
@@ -282,13 +329,16 @@ def _replay_violations(c: Comparison, floor: FloorModel) -> list[Violation]:
     return found
 
 
-def judge(c: Comparison | None, floor: FloorModel) -> RunVerdict:
-    """The verdict of one run compared with its reference (None: no reference, nothing to judge)."""
+def judge(c: Comparison | None, floor: FloorModel, scenario: Scenario | None = None) -> RunVerdict:
+    """The verdict of one run compared with its reference (None: no reference, nothing to judge).
+    `scenario`: what the run under test was meant to live through (analysis/scenario.py); what did not
+    happen is a gap. None: no recovery is claimed (a floor repeat, a bare comparison)."""
     if c is None:
         return UNCHECKED
     judged_ckpts = _judged_checkpoints(c, floor)
-    final_ok = _final_compared(c, floor, judged_ckpts)
-    gaps = tuple(_gaps(c, floor, judged_ckpts, final_ok))
+    final_ok, from_logs = _final_compared(c, floor, judged_ckpts)
+    claimed = scenario_gaps(scenario) if scenario is not None else []
+    gaps = tuple(claimed + _gaps(c, floor, judged_ckpts, final_ok))
     foreign = set(c.foreign_steps)
     complete = [d for d in c.steps if not d.one_sided and d.step not in foreign]
     evidence = Evidence(
@@ -297,6 +347,7 @@ def judge(c: Comparison | None, floor: FloorModel) -> RunVerdict:
         checkpoints=len((judged_ckpts & set(c.checkpoint_steps)) - foreign),
         checkpoints_expected=len(c.checkpoint_steps),
         final_parameters=final_ok,
+        final_from_logs=from_logs,
         replays=len(c.replays),
         replays_not_compared=len(c.replays_not_compared),
         observables=tuple(sorted(observations(c))),
@@ -307,6 +358,7 @@ def judge(c: Comparison | None, floor: FloorModel) -> RunVerdict:
         gaps=gaps,
         evidence=evidence,
         floor=floor.label,
+        caveat=_caveat(c, floor),
     )
     if not floor.insufficient:
         found = _violations(c, floor)
@@ -318,6 +370,13 @@ def judge(c: Comparison | None, floor: FloorModel) -> RunVerdict:
     if gaps:
         return RunVerdict(Status.INCOMPLETE, **common)
     return RunVerdict(Status.BITWISE if c.bitwise else Status.WITHIN_FLOOR, **common)
+
+
+def _caveat(c: Comparison, floor: FloorModel) -> str:
+    differs = [*c.provenance, *floor.provenance]
+    if not differs:
+        return ""
+    return f"PROVENANCE DIFFERS, compared anyway: {'; '.join(dict.fromkeys(differs))}"
 
 
 def scalar_rule(c: Comparison, floor: FloorModel, margin: float = DEFAULT_MARGIN) -> int | None:
@@ -360,13 +419,20 @@ class ExperimentVerdict:
         return int(ExitCode.OK)
 
 
+COST_ROWS = frozenset({"peer-snapshots-off"})
+"""Ablation rows that switch off a mechanism of cost, not of correctness (experiment/plan.py): peer
+snapshots off recovers from disk instead of peers' memory, losing more steps, never the trajectory."""
+MUST_PRESERVE_ROWS = frozenset({"all-on"}) | COST_ROWS
+"""Ablation rows whose cells must stay trajectory-preserving: a violation there fails the experiment."""
+
+
 def judge_experiment(faulted: dict[str, RunVerdict], cells: list[CellVerdict]) -> ExperimentVerdict:
-    """FAIL if a faulted run or an all-on ablation cell is VIOLATED; INCOMPLETE if none is but one of
-    them is incomplete (or has an insufficient floor); PASS if there was something to judge and all of it
-    is trajectory-preserving. A cell with a mechanism off that is *not* flagged is no failure of the run
-    (the switch may have had nothing to change); the report lists those."""
+    """FAIL if a faulted run or an all-on (or cost-row) ablation cell is VIOLATED; INCOMPLETE if none is
+    but one of them is incomplete (or has an insufficient floor); PASS if there was something to judge
+    and all of it is trajectory-preserving. A cell with a correctness mechanism off that is *not* flagged
+    is no failure of the run (the switch may have had nothing to change); the report lists those."""
     judged = [(f"`{name}`", v) for name, v in faulted.items()]
-    judged += [(f"all-on `{c.run}`", c.verdict) for c in cells if c.row == "all-on"]
+    judged += [(f"{c.row} `{c.run}`", c.verdict) for c in cells if c.row in MUST_PRESERVE_ROWS]
     failures = [f"{name} {v.label}" for name, v in judged if v.status is Status.VIOLATED]
     incomplete = [
         f"{name} {v.label}" for name, v in judged if not v.preserving and v.status is not Status.VIOLATED

@@ -12,6 +12,7 @@ trainer logged it (TensorBoard's wall time, a JSON line's `time`) or else when t
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import struct
@@ -19,6 +20,7 @@ from pathlib import Path
 from statistics import median
 from typing import Any
 
+import truestep
 from truestep.analysis.runlog import DIGEST_LOGGED, EVIDENCE_GAP, PRECISION
 from truestep.audit.job import Attempt, JobRecord, Seen
 from truestep.audit.spec import OBSERVABLES, REQUIRED
@@ -137,6 +139,25 @@ def _restart_events(
     ]
 
 
+NAMED_FILES = "in source_sha256 (the files the command names)"
+NOT_SEEN = "not seen by the audit (the audited trainer's own)"
+
+
+def provenance(attempt: Attempt) -> dict[str, str]:
+    """The run_start `provenance` of an audited attempt (analysis/provenance.py compares it like a
+    truestep run's): the code and data are the files its command line names, by content; the torch the
+    audited trainer imported is its own, which the audit cannot see (the same phrase on every audited run:
+    an audit judges runs of one command, and a changed script or data file named on it is told apart)."""
+    named = json.dumps(attempt.files, sort_keys=True).encode()
+    return {
+        "truestep_version": truestep.__version__,
+        "source_sha256": hashlib.sha256(named).hexdigest(),
+        "torch_version": NOT_SEEN,
+        "data_sha256": NAMED_FILES,
+        "init_from_sha256": "",
+    }
+
+
 def build(job: JobRecord, tokens_per_step: int = 1) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(metrics lines, events) of one job."""
     spec = job.spec
@@ -160,6 +181,7 @@ def build(job: JobRecord, tokens_per_step: int = 1) -> tuple[list[dict[str, Any]
                 layout=LAYOUT,
                 command=attempt.command,
                 command_files=attempt.files,
+                provenance=provenance(attempt),
                 start_step=lines[0]["step"] - 1 if lines else None,
                 source="audit",
                 **{PRECISION: precision, DIGEST_LOGGED: spec.weights is not None},

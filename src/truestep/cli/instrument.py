@@ -53,6 +53,12 @@ def _floor_args(p: argparse.ArgumentParser) -> None:
         help="compare a run whose config differs from the reference's (refused otherwise; the verdict is "
         "then incomplete)",
     )
+    p.add_argument(
+        "--allow-provenance-mismatch",
+        action="store_true",
+        help="compare runs whose recorded code, data, init source or torch differ from the reference's "
+        "(refused otherwise; every verdict is then labelled PROVENANCE DIFFERS)",
+    )
     p.add_argument("--json", action="store_true")
 
 
@@ -65,12 +71,25 @@ def _judge_one(a: argparse.Namespace) -> int:
     ref = RunLog.load(a.reference) if a.reference else None
     floor = (
         measure_floor(
-            ref, [RunLog.load(f) for f in a.floor], a.margin, not a.skip_state, a.cross_layout_floor
+            ref,
+            [RunLog.load(f) for f in a.floor],
+            a.margin,
+            not a.skip_state,
+            a.cross_layout_floor,
+            a.allow_provenance_mismatch,
         )
         if ref
         else None
     )
-    result = analyze_run(a.run, run, ref, floor, read_state=not a.skip_state, compare_anyway=a.compare_anyway)
+    result = analyze_run(
+        a.run,
+        run,
+        ref,
+        floor,
+        read_state=not a.skip_state,
+        compare_anyway=a.compare_anyway,
+        any_provenance=a.allow_provenance_mismatch,
+    )
     print(to_json(result) if a.json else render_run_text(result))
     return result.verdict.exit_code
 

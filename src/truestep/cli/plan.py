@@ -27,8 +27,10 @@ def plan_main(argv: list[str]) -> int:
         "--sweep-replicas", type=int, default=200, help="replicas per setting of the sweeps and tables"
     )
     a, overrides = p.parse_known_args(argv)
-    if a.sweep_replicas < 10:
-        p.error("--sweep-replicas must be >= 10")
+    from truestep.plan.inputs import MAX_REPLICAS
+
+    if not 10 <= a.sweep_replicas <= MAX_REPLICAS:
+        p.error(f"--sweep-replicas must be within [10, {MAX_REPLICAS}]")
     strays = [o for o in overrides if not o.startswith("--") or "=" not in o]
     if strays:
         p.error(f"unrecognized arguments: {' '.join(strays)} (inputs are --section.key=value)")
@@ -51,6 +53,12 @@ def plan_main(argv: list[str]) -> int:
     )
     for name, (plain, correct, _) in result.mechanisms.items():
         print(f"  {name:30s} plain {fmt_pct(plain.mean):>8s}   correct {fmt_pct(correct.mean):>8s}")
+    for row in result.snapshots.rows if result.snapshots else []:
+        k = f"every {row.k} step(s)" if row.k else "off"
+        print(
+            f"  peer snapshots {k:14s} correct {fmt_pct(row.correct.mean):>8s}   "
+            f"{row.steps_lost:,.2f} steps lost per failure, {fmt_pct(row.from_memory)} from memory"
+        )
     for note in assembled.notes:
         print(f"note: {note}")
     print(f"plan: {md}\n      {html}")

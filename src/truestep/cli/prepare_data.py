@@ -14,8 +14,9 @@ from truestep.cli.main import report
 from truestep.core.errors import ExitCode
 from truestep.core.launch import debug_requested
 from truestep.data.bos import BOS_MODES
-from truestep.data.meta import read_meta
-from truestep.data.shards import DEFAULT_SHARD_TOKENS, PrepareProgress, prepare_data
+from truestep.data.errors import DataUsageError
+from truestep.data.meta import PACKINGS, read_meta
+from truestep.data.shards import DEFAULT_SHARD_TOKENS, ChatOptions, PrepareProgress, prepare_data
 
 
 def _positive_int(text: str) -> int:
@@ -91,8 +92,39 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help=f"tokens per shard file (default: {DEFAULT_SHARD_TOKENS})",
     )
+    p.add_argument(
+        "--chat",
+        action="store_true",
+        help="the inputs are conversations (JSON lines with 'messages' [{role, content}] or ShareGPT "
+        "'conversations' [{from, value}]): rendered with the tokenizer's chat template, the loss masked to "
+        "the assistant's turns, packed whole into windows of --seq-len tokens (docs/data.md)",
+    )
+    p.add_argument(
+        "--seq-len",
+        type=_positive_int,
+        default=None,
+        metavar="N",
+        help="with --chat: the data.seq_len you will train with (a multiple of it also works)",
+    )
+    p.add_argument(
+        "--packing",
+        choices=PACKINGS,
+        default="pack",
+        help="with --chat: pack conversations into windows in input order while they fit, or pad every "
+        "one to a window of its own (default: pack)",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p
+
+
+def _chat_options(args: argparse.Namespace) -> ChatOptions | None:
+    if not args.chat:
+        if args.seq_len is not None or args.packing != "pack":
+            raise DataUsageError("--seq-len and --packing go with --chat")
+        return None
+    if args.seq_len is None:
+        raise DataUsageError("--chat needs --seq-len N: the data.seq_len you will train with")
+    return ChatOptions(args.seq_len, args.packing)
 
 
 class _Bar:
@@ -143,6 +175,7 @@ def prepare_data_main(argv: list[str]) -> int:
             resume=not args.restart,
             progress=bar,
             log=lambda line: print(f"truestep prepare-data: {line}", file=sys.stderr),
+            chat=_chat_options(args),
         )
         meta = read_meta(out)
     except KeyboardInterrupt:
@@ -159,7 +192,18 @@ def prepare_data_main(argv: list[str]) -> int:
         f"{len(meta['shards'])} shard(s) to {out} "
         f"(tokenizer {meta['tokenizer']}, vocab_size {meta['vocab_size']}, dtype {meta['dtype']}"
         + (f", BOS {meta['bos_id']} before each document" if meta.get("add_bos") else "")
+        + (_chat_summary(meta["chat"], meta["num_tokens"]) if "chat" in meta else "")
         + (f"; skipped {skipped} bad record(s): {meta['skipped']}" if skipped else "")
         + ")"
     )
     return 0
+
+
+_PACKED = {"pack": "packed into", "pad": "padded to"}
+
+
+def _chat_summary(chat: dict, tokens: int) -> str:
+    return (
+        f"; {chat['conversations']} conversations {_PACKED[chat['packing']]} windows of {chat['seq_len']}, "
+        f"loss on {chat['trained_tokens']} assistant tokens ({100 * chat['trained_tokens'] / tokens:.1f}%)"
+    )

@@ -1,6 +1,8 @@
 """The worker side of `prepare-data`: a chunk (data/readers.py) in, its documents' tokens out.
 
-Each document becomes [BOS] ids EOS. A bad record (a line that is not JSON, a missing or non-string text
+Each document becomes [BOS] ids EOS; with a chat spec each record is a conversation, rendered with the
+chat template into tokens and a loss mask (data/chat.py), returned with each conversation's length for
+the packer in the main process. A bad record (a line that is not JSON, a missing or non-string text
 field, invalid UTF-8, a null Parquet value) is reported with its file and line/row; with `skip_bad` it is
 skipped and counted by class instead. Runs in worker processes, or in the main process with one worker:
 the tokens are the same either way.
@@ -16,6 +18,8 @@ from typing import Any
 
 import numpy as np
 
+from truestep.data.chat import BadConversation, ChatSpec, conversation, encode_conversation, segments
+from truestep.data.chat_template import ChatTemplate, TemplateFailed, TemplateRefused
 from truestep.data.errors import DataError
 from truestep.data.native import native_calls
 from truestep.data.readers import ARROW, DOCS, LINES, PROBLEM, Chunk
@@ -32,6 +36,9 @@ BAD_CLASSES = (
     "unreadable",
     "too_long",
     "decompression_bound",
+    "bad_conversation",
+    "chat_template",
+    "conversation_too_long",
 )
 """The bad-input classes `--skip-bad` counts in meta.json (`skipped`)."""
 EXAMPLES_KEPT = 20
@@ -50,6 +57,8 @@ class EncoderSpec:
     text_field: str
     skip_bad: bool
     dtype: str
+    chat: ChatSpec | None = None
+    """Set: records are conversations (data/chat.py), not text."""
 
 
 @dataclass
@@ -61,6 +70,10 @@ class ChunkResult:
     """The first skipped records' messages."""
     error: str | None = None
     """Without skip_bad: the first bad record's one-line message (nothing else is returned then)."""
+    mask: np.ndarray | None = None
+    """Chat: 1 where `tokens` are trained (uint8)."""
+    lengths: list[int] | None = None
+    """Chat: the tokens of each conversation, in order."""
 
 
 class _Bad(Exception):
@@ -79,8 +92,13 @@ class Encoder:
 
             check_tokenizer_definition(spec.tokenizer_json, "tokenizer.json")  # checked where it is loaded
             self.tok = tokenizers.Tokenizer.from_str(spec.tokenizer_json)
+        self.template = None
+        if spec.chat is not None:
+            self.template = ChatTemplate(spec.chat.template, spec.chat.special_tokens, spec.chat.where)
 
     def encode(self, chunk: Chunk) -> ChunkResult:
+        if self.spec.chat is not None:
+            return self._encode_chat(chunk, self.spec.chat)
         result = ChunkResult(np.empty(0, dtype=self.dtype))
         texts: list[str] = []
         for item in self._records(chunk):
@@ -114,9 +132,9 @@ class Encoder:
             return self._rows(chunk)
         raise AssertionError(chunk.kind)
 
-    def _lines(self, chunk: Chunk) -> list[str | _Bad]:
-        out: list[str | _Bad] = []
-        name = self.spec.text_field
+    def _objects(self, chunk: Chunk) -> list[tuple[str, str, dict[str, Any] | _Bad]]:
+        """(where, the line, its JSON object or why not) for every record of a LINES chunk."""
+        out: list[tuple[str, str, dict[str, Any] | _Bad]] = []
         for k, raw in enumerate(chunk.payload.split(b"\n")):
             if not raw.strip():
                 continue  # blank lines (and the end of the chunk) are not records
@@ -124,18 +142,29 @@ class Encoder:
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as e:
-                out.append(_Bad("invalid_utf8", f"{where}: invalid UTF-8 at byte {e.start} of the line"))
+                out.append(
+                    (where, "", _Bad("invalid_utf8", f"{where}: invalid UTF-8 at byte {e.start} of the line"))
+                )
                 continue
             try:
                 record = json.loads(line)
             except (ValueError, RecursionError) as e:
                 reason = f"{e.msg} at column {e.colno}" if isinstance(e, json.JSONDecodeError) else str(e)
-                out.append(_Bad("malformed_json", f"{where}: malformed JSON: {reason}"))
+                out.append((where, line, _Bad("malformed_json", f"{where}: malformed JSON: {reason}")))
                 continue
             if not isinstance(record, dict):
-                out.append(
-                    _Bad("malformed_json", f"{where}: the line is {_json_type(record)}, not a JSON object")
-                )
+                message = f"{where}: the line is {_json_type(record)}, not a JSON object"
+                out.append((where, line, _Bad("malformed_json", message)))
+            else:
+                out.append((where, line, record))
+        return out
+
+    def _lines(self, chunk: Chunk) -> list[str | _Bad]:
+        out: list[str | _Bad] = []
+        name = self.spec.text_field
+        for where, line, record in self._objects(chunk):
+            if isinstance(record, _Bad):
+                out.append(record)
             elif name not in record:
                 keys = ", ".join(list(record)[:8])
                 out.append(_Bad("missing_field", f"{where}: no {name!r} field (keys: {keys})"))
@@ -195,9 +224,72 @@ class Encoder:
             pos += len(doc)
             out[pos] = self.spec.eos_id
             pos += 1
-        if out.size and (int(out.max()) >= self.spec.vocab_size or int(out.min()) < 0):
-            raise ValueError(f"the tokenizer produced an id outside its vocab_size {self.spec.vocab_size}")
-        return out.astype(self.dtype)
+        return _in_vocab(out, self.spec.vocab_size).astype(self.dtype)
+
+    # -- conversations ------------------------------------------------------------------------------
+
+    def _encode_chat(self, chunk: Chunk, chat: ChatSpec) -> ChunkResult:
+        empty = np.empty(0, dtype=self.dtype)
+        result = ChunkResult(empty, mask=np.empty(0, dtype=np.uint8), lengths=[])
+        items: list[tuple[str, str, dict[str, Any] | _Bad]]
+        if chunk.kind == PROBLEM:
+            assert chunk.problem is not None
+            items = [(chunk.where, "", _Bad(*chunk.problem))]
+        else:
+            assert chunk.kind == LINES, chunk.kind  # prepare_data refuses other inputs for chat
+            items = self._objects(chunk)
+        tokens: list[np.ndarray] = []
+        masks: list[np.ndarray] = []
+        for where, _, record in items:
+            try:
+                if isinstance(record, _Bad):
+                    raise record
+                encoded = self._conversation(record, where, chat)
+            except _Bad as bad:
+                if not self.spec.skip_bad:
+                    return ChunkResult(empty, error=bad.message)
+                result.skipped[bad.kind] = result.skipped.get(bad.kind, 0) + 1
+                if len(result.examples) < EXAMPLES_KEPT:
+                    result.examples.append(bad.message)
+                continue
+            except TemplateRefused as e:  # the template itself: no record is to blame, --skip-bad or not
+                return ChunkResult(empty, error=f"{where}: {e}")
+            except DataError as e:  # a panic inside the tokenizer
+                return ChunkResult(empty, error=str(e))
+            tokens.append(encoded.tokens)
+            masks.append(encoded.mask)
+        if tokens:
+            result.tokens = _in_vocab(np.concatenate(tokens), self.spec.vocab_size).astype(self.dtype)
+            result.mask = np.concatenate(masks)
+        result.lengths = [t.size for t in tokens]
+        result.documents = len(tokens)
+        return result
+
+    def _conversation(self, record: dict[str, Any], where: str, chat: ChatSpec) -> Any:
+        assert self.template is not None
+        try:
+            pieces = segments(self.template, conversation(record, where))
+        except BadConversation as e:
+            raise _Bad(e.kind, e.message) from None
+        except TemplateFailed as e:
+            raise _Bad("chat_template", f"{where}: {e}") from None
+        if not all(_encodable(text) for text, _ in pieces):
+            raise _Bad("invalid_utf8", f"{where}: the conversation holds a lone surrogate (\\ud800-\\udfff)")
+        with native_calls(f"{where}: tokenizing"):
+            encoded = encode_conversation(pieces, self._ids, self.spec.bos_id, self.spec.eos_id)
+        if encoded.tokens.size > chat.seq_len:
+            raise _Bad(
+                "conversation_too_long",
+                f"{where}: the conversation is {encoded.tokens.size} tokens (with its EOS), more than the "
+                f"--seq-len {chat.seq_len} window it must fit in whole",
+            )
+        return encoded
+
+
+def _in_vocab(tokens: np.ndarray, vocab_size: int) -> np.ndarray:
+    if tokens.size and (int(tokens.max()) >= vocab_size or int(tokens.min()) < 0):
+        raise ValueError(f"the tokenizer produced an id outside its vocab_size {vocab_size}")
+    return tokens
 
 
 def _decode(data: bytes, where: str) -> str | _Bad:

@@ -11,8 +11,9 @@ forged cursor once yielded a silently wrong dataset with exit 0). So it is check
 claims before anything is resumed: every field has its type and range, the shards it lists are the
 consecutive shard files with the digest and token count it says, their EOS tokens are at least the
 documents it counts, and the position it names is where those shards end -- the chunk there, encoded
-again, begins with exactly the `skip_tokens` tokens the shards end with (`tail_problem`). A journal that
-fails any of it is not used: the run starts over, and says why in one line.
+again, begins with exactly the `skip_tokens` tokens the shards end with (`tail_problem`; for chat data
+the masks too, packed from the block fill the counters record). A journal that fails any of it is not
+used: the run starts over, and says why in one line.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import numpy as np
 from truestep.core.fsio import OversizeFileError, read_regular
 from truestep.core.outside import OutsideJsonError, loads_bounded
 from truestep.data.atomic import atomic_write_bytes
-from truestep.data.meta import JOURNAL_NAME, sha256_file, shard_name
+from truestep.data.meta import JOURNAL_NAME, mask_name, sha256_file, shard_name
 from truestep.data.readers import Cursor
 
 JOURNAL_FORMAT = "truestep-prepare-journal"
@@ -53,6 +54,8 @@ class Counters:
     documents: int = 0
     skipped: dict[str, int] = field(default_factory=dict)
     examples: list[str] = field(default_factory=list)
+    block_fill: int = 0
+    """Chat data: tokens in the packer's current block (data/packing.py) before the chunk."""
 
 
 @dataclass
@@ -96,7 +99,7 @@ def read_journal(out_dir: Path, settings: dict[str, Any]) -> tuple[Journal | Non
             return None, "the inputs or settings differ from the interrupted run's"
         shards = _shards(out_dir, record.get("shards"), settings)
         cursor = _cursor(record.get("cursor"), len(settings["inputs"]))
-        counters = _counters(record.get("counters"))
+        counters = _counters(record.get("counters"), settings.get("chat"))
         skip = _int(record.get("skip_tokens"), "skip_tokens", low=1)
         eos = sum(entry.pop("eos") for entry in shards)
         if counters.documents > eos:
@@ -114,9 +117,11 @@ def _shards(out_dir: Path, shards: Any, settings: dict[str, Any]) -> list[dict[s
     if not isinstance(shards, list) or not shards:
         raise _Forged("it lists no shards")
     checked = []
+    chat = settings.get("chat") is not None
+    keys = {"file", "num_tokens", "sha256"} | ({"mask", "mask_sha256"} if chat else set())
     for index, entry in enumerate(shards):
-        if not isinstance(entry, dict) or set(entry) != {"file", "num_tokens", "sha256"}:
-            raise _Forged(f"shard entry {index} is not a file, a token count and a digest")
+        if not isinstance(entry, dict) or set(entry) != keys:
+            raise _Forged(f"shard entry {index} is not {', '.join(sorted(keys))}")
         name = shard_name(index)
         if entry["file"] != name:
             raise _Forged(f"shard entry {index} names {str(entry['file'])[:40]!r}, not {name}")
@@ -135,8 +140,25 @@ def _shards(out_dir: Path, shards: Any, settings: dict[str, Any]) -> list[dict[s
         if array.ndim != 1 or array.shape[0] != tokens:
             raise _Forged(f"{name} holds {array.shape} tokens, not the {tokens} listed")
         eos = int(np.count_nonzero(array == settings["eos_id"]))
-        checked.append({"file": name, "num_tokens": tokens, "sha256": entry["sha256"], "eos": eos})
+        checked.append({**entry, "eos": eos})
+        if chat:
+            _check_mask(out_dir, entry, index, tokens)
     return checked
+
+
+def _check_mask(out_dir: Path, entry: dict[str, Any], index: int, tokens: int) -> None:
+    name = mask_name(index)
+    if entry["mask"] != name:
+        raise _Forged(f"shard entry {index} names the mask {str(entry['mask'])[:40]!r}, not {name}")
+    mask = out_dir / name
+    if mask.is_symlink() or not mask.is_file() or sha256_file(mask) != entry["mask_sha256"]:
+        raise _Forged(f"{name} is missing or differs from the journal")
+    try:
+        array = np.load(mask, mmap_mode="r", allow_pickle=False)
+    except (OSError, ValueError) as e:
+        raise _Forged(f"{name} is not a mask array ({e})") from None
+    if array.ndim != 1 or array.shape[0] != tokens or array.dtype != np.uint8:
+        raise _Forged(f"{name} is not {tokens} uint8 mask values")
 
 
 def _cursor(value: Any, inputs: int) -> Cursor:
@@ -152,33 +174,50 @@ def _cursor(value: Any, inputs: int) -> Cursor:
     return cursor
 
 
-def _counters(value: Any) -> Counters:
-    if not isinstance(value, dict) or set(value) != {"documents", "skipped", "examples"}:
-        raise _Forged("its counters are not documents, skipped and examples")
+def _counters(value: Any, chat: dict[str, Any] | None) -> Counters:
+    keys = {"documents", "skipped", "examples", "block_fill"}
+    if not isinstance(value, dict) or set(value) != keys:
+        raise _Forged("its counters are not documents, skipped, examples and a block fill")
+    fill = _int(value["block_fill"], "its block fill")
+    if fill >= (chat["seq_len"] if chat else 1):
+        raise _Forged(f"its block fill {fill} is not inside a block")
     skipped, examples = value["skipped"], value["examples"]
     if not isinstance(skipped, dict) or not all(isinstance(k, str) for k in skipped):
         raise _Forged("its skipped counts are not counts by class")
     if not isinstance(examples, list) or not all(isinstance(e, str) for e in examples):
         raise _Forged("its skipped examples are not messages")
     counts = {kind: _int(n, f"the count of {kind[:40]!r}") for kind, n in skipped.items()}
-    return Counters(_int(value["documents"], "its document count"), counts, list(examples))
+    return Counters(_int(value["documents"], "its document count"), counts, list(examples), fill)
 
 
-def tail_problem(out_dir: Path, journal: Journal, first_tokens: np.ndarray | None) -> str | None:
-    """Why the journal's position is not where its shards end (None: it is). `first_tokens`: the tokens
-    of the chunk at its cursor, encoded again (None: that chunk is a bad record or missing). Its first
-    `skip_tokens` must be exactly the last tokens of the shards."""
-    skip = journal.skip_tokens
-    if first_tokens is None or first_tokens.size < skip:
-        return f"the input at its cursor does not hold the {skip} tokens it says are in shards already"
+def _tail(out_dir: Path, shards: list[dict[str, Any]], key: str, count: int) -> np.ndarray | None:
+    """The last `count` values of the shards' `key` files (tokens or masks) as int64; None: fewer."""
     tail: list[np.ndarray] = []
-    need = skip
-    for entry in reversed(journal.shards):
+    need = count
+    for entry in reversed(shards):
         if need <= 0:
             break
-        array = np.load(out_dir / entry["file"], mmap_mode="r", allow_pickle=False)
+        array = np.load(out_dir / entry[key], mmap_mode="r", allow_pickle=False)
         tail.insert(0, np.asarray(array[-need:], dtype=np.int64))
         need -= min(need, array.shape[0])
-    if need > 0 or not np.array_equal(np.concatenate(tail), first_tokens[:skip].astype(np.int64)):
-        return "its shards do not end with the tokens at its cursor: the position it names is not theirs"
+    return None if need > 0 else np.concatenate(tail)
+
+
+def tail_problem(
+    out_dir: Path, journal: Journal, first: tuple[np.ndarray, np.ndarray | None] | None
+) -> str | None:
+    """Why the journal's position is not where its shards end (None: it is). `first`: the tokens (and
+    for chat data their mask) of the chunk at its cursor, encoded again (None: that chunk is a bad record
+    or missing). Their first `skip_tokens` must be exactly the last tokens (and mask values) of the
+    shards."""
+    skip = journal.skip_tokens
+    if first is None or first[0].size < skip:
+        return f"the input at its cursor does not hold the {skip} tokens it says are in shards already"
+    for key, values in (("file", first[0]), ("mask", first[1])):
+        if values is None:
+            continue
+        tail = _tail(out_dir, journal.shards, key, skip)
+        if tail is None or not np.array_equal(tail, values[:skip].astype(np.int64)):
+            what = "tokens" if key == "file" else "loss mask"
+            return f"its shards do not end with the {what} at its cursor: the position it names is not theirs"
     return None

@@ -12,17 +12,26 @@ from truestep.data.errors import DataError
 from truestep.data.sampler import GlobalSampler
 
 MicroBatch = tuple[torch.Tensor, torch.Tensor]
+IGNORE_INDEX = -100
+"""A target the loss ignores (cross_entropy's default ignore_index): outside the assistant's turns."""
 
 
-def split_micro_batches(tokens: np.ndarray, micro_batch_size: int) -> list[MicroBatch]:
-    """Rows [k, seq_len + 1] of one rank's samples as (inputs, targets) micro-batches of `micro_batch_size`."""
+def split_micro_batches(
+    tokens: np.ndarray, micro_batch_size: int, masks: np.ndarray | None = None
+) -> list[MicroBatch]:
+    """Rows [k, seq_len + 1] of one rank's samples as (inputs, targets) micro-batches of `micro_batch_size`.
+    With `masks` (rows like `tokens`, 1: trained) a target whose mask is 0 is IGNORE_INDEX."""
     out: list[MicroBatch] = []
     for m in range(0, tokens.shape[0], micro_batch_size):
         rows = tokens[m : m + micro_batch_size]
         # Explicit copies: contiguous tensors that do not alias each other (they overlap by
         # all but one token), so an in-place op on the inputs cannot change the targets.
         inputs = torch.from_numpy(rows[:, :-1].copy())
-        targets = torch.from_numpy(rows[:, 1:].copy())
+        if masks is None:
+            targets = torch.from_numpy(rows[:, 1:].copy())
+        else:
+            kept = masks[m : m + micro_batch_size, 1:] != 0
+            targets = torch.from_numpy(np.where(kept, rows[:, 1:], IGNORE_INDEX))
         out.append((inputs, targets))
     return out
 
@@ -83,7 +92,13 @@ class BatchLoader:
         Pure: it reads nothing but `b` and the constructor arguments, and moves no cursor.
         """
         indices = self.sampler.rank_indices(b, self.dp_rank, self.dp_size)
-        return split_micro_batches(self.dataset.samples(indices), self.micro_batch_size)
+        masks = self.dataset.masks(indices) if self.loss_masked else None
+        return split_micro_batches(self.dataset.samples(indices), self.micro_batch_size, masks)
+
+    @property
+    def loss_masked(self) -> bool:
+        """Targets outside the trained tokens are IGNORE_INDEX (chat data): the loss is their mean."""
+        return self.dataset.has_mask
 
     @property
     def vocab_size(self) -> int:

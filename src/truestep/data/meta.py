@@ -2,6 +2,8 @@
 
 meta.json is written last, so its presence marks a complete directory; everything a reader needs
 (dtype, token counts, EOS id, shard hashes) is recorded there and cross-checked against the shards.
+Chat data (`chat` in meta.json) has a loss mask beside every token shard: `mask_NNNNN.npy`, uint8, one
+value per token (1: trained), listed with its digest in the shard's entry.
 """
 
 from __future__ import annotations
@@ -22,12 +24,20 @@ META_NAME = "meta.json"
 JOURNAL_NAME = "prepare-journal.json"
 """Present only while prepare-data runs or after it was interrupted (data/journal.py)."""
 SHARD_RE = re.compile(r"shard_\d{5}\.npy")
+MASK_RE = re.compile(r"mask_\d{5}\.npy")
+MASK_DTYPE = "uint8"
+PACKINGS = ("pack", "pad")
 ALLOWED_DTYPES = ("uint16", "uint32")
 
 
 def shard_name(index: int) -> str:
     """File name of shard `index` (zero-padded so a plain sort matches stream order)."""
     return f"shard_{index:05d}.npy"
+
+
+def mask_name(index: int) -> str:
+    """File name of the loss mask of shard `index` (chat data)."""
+    return f"mask_{index:05d}.npy"
 
 
 def dtype_for_vocab(vocab_size: int) -> np.dtype:
@@ -48,6 +58,21 @@ def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
         while block := f.read(chunk):
             h.update(block)
     return h.hexdigest()
+
+
+def content_digest(meta: dict[str, Any]) -> str:
+    """SHA-256 of what a prepared directory's tokens are, from its meta.json: the dtype, vocabulary and
+    special ids, and every shard's name, length and the sha256 prepare-data recorded for it (chat data:
+    its masks' sha256 and its `chat` record too). Re-prepared
+    text gives another digest; the path does not count. Cheap: no shard is read (the shards are checked
+    against these hashes by `verify_data_dir`)."""
+    keys = ("dtype", "vocab_size", "eos_id", "bos_id", "tokenizer", "num_tokens")
+    content = {k: meta.get(k) for k in keys}
+    content["shards"] = [[e.get("file"), e.get("num_tokens"), e.get("sha256")] for e in meta["shards"]]
+    if "chat" in meta:  # the loss masks shape the trajectory as much as the tokens (pretraining: unchanged)
+        content["masks"] = [e.get("mask_sha256") for e in meta["shards"]]
+        content["chat"] = meta["chat"]
+    return hashlib.sha256(json.dumps(content, sort_keys=True, default=str).encode()).hexdigest()
 
 
 def _require_int(meta: dict[str, Any], key: str, where: str, minimum: int = 0) -> int:
@@ -103,7 +128,22 @@ def read_meta(data_dir: Path) -> dict[str, Any]:
             raise DataError(f"{where}: missing sha256")
     if total != num_tokens:
         raise DataError(f"{path}: shards hold {total} tokens but num_tokens says {num_tokens}")
+    if "chat" in meta:
+        _check_chat(meta, path)
     return meta
+
+
+def _check_chat(meta: dict[str, Any], path: Path) -> None:
+    """A chat directory's record: its window length and packing, and a mask named for every shard."""
+    chat = meta["chat"]
+    if not isinstance(chat, dict) or chat.get("packing") not in PACKINGS:
+        raise DataError(f"{path}: 'chat' must be an object with a packing of {PACKINGS}")
+    _require_int(chat, "seq_len", f"{path}: chat", minimum=1)
+    for i, entry in enumerate(meta["shards"]):
+        if entry.get("mask") != mask_name(i) or not isinstance(entry.get("mask_sha256"), str):
+            raise DataError(
+                f"{path}: shards[{i}] of chat data must name its mask {mask_name(i)} and its sha256"
+            )
 
 
 def open_shard(data_dir: Path, entry: dict[str, Any], dtype: str) -> np.ndarray:
@@ -127,13 +167,22 @@ def open_shard(data_dir: Path, entry: dict[str, Any], dtype: str) -> np.ndarray:
     return arr
 
 
+def open_mask(data_dir: Path, entry: dict[str, Any]) -> np.ndarray:
+    """Memory-map the loss mask of one shard (chat data) and check it against the shard's entry."""
+    mask = {"file": entry["mask"], "num_tokens": entry["num_tokens"]}
+    return open_shard(data_dir, mask, MASK_DTYPE)
+
+
 def verify_data_dir(data_dir: Path, check_hashes: bool = True) -> dict[str, Any]:
-    """Validate meta.json and every shard (and, optionally, their sha256); return the meta."""
+    """Validate meta.json and every shard and mask (and, optionally, their sha256); return the meta."""
     meta = read_meta(data_dir)
     for entry in meta["shards"]:
         open_shard(data_dir, entry, meta["dtype"])
-        if check_hashes:
-            digest = sha256_file(Path(data_dir) / entry["file"])
-            if digest != entry["sha256"]:
-                raise DataError(f"shard {Path(data_dir) / entry['file']} fails its sha256 check")
+        files = [(entry["file"], entry["sha256"])]
+        if "chat" in meta:
+            open_mask(data_dir, entry)
+            files.append((entry["mask"], entry["mask_sha256"]))
+        for name, expected in files if check_hashes else []:
+            if sha256_file(Path(data_dir) / name) != expected:
+                raise DataError(f"shard {Path(data_dir) / name} fails its sha256 check")
     return meta

@@ -142,6 +142,12 @@ class MixtureLoader:
         """Vocabulary size of the tokenizer that prepared the sources (the same for all)."""
         return self.sources[0].dataset.vocab_size
 
+    @property
+    def loss_masked(self) -> bool:
+        """Whether any source is chat data: then every target is masked as its source says (a source
+        without a mask trains every token)."""
+        return any(s.dataset.has_mask for s in self.sources)
+
     def tokens_per_source(self) -> dict[str, int]:
         """Training tokens drawn from each source so far (samples x seq_len), by configured path."""
         return {
@@ -165,9 +171,12 @@ class MixtureLoader:
         k = self.global_batch_size // self.dp_size
         mine = slice(self.dp_rank * k, (self.dp_rank + 1) * k)
         tokens = np.empty((k, self.seq_len + 1), dtype=np.int64)
+        masks = np.empty((k, self.seq_len + 1), dtype=np.int64) if self.loss_masked else None
         for row, (s, i) in enumerate(zip(picks[mine], samples[mine], strict=True)):
             tokens[row] = self.sources[int(s)].dataset.sample(int(i))
-        return split_micro_batches(tokens, self.micro_batch_size)
+            if masks is not None:
+                masks[row] = self.sources[int(s)].dataset.sample_mask(int(i))
+        return split_micro_batches(tokens, self.micro_batch_size, masks)
 
     # -- checkpoint state -------------------------------------------------------------------------
 

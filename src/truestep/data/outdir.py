@@ -11,7 +11,7 @@ import numpy as np
 
 from truestep.data.atomic import atomic_save_npy, is_temp_name
 from truestep.data.errors import DataUsageError
-from truestep.data.meta import FORMAT, JOURNAL_NAME, META_NAME, SHARD_RE, shard_name
+from truestep.data.meta import FORMAT, JOURNAL_NAME, MASK_RE, META_NAME, SHARD_RE, mask_name, shard_name
 from truestep.data.tokenizer_files import TOKENIZER_FILES
 
 
@@ -21,6 +21,7 @@ def _is_ours(name: str) -> bool:
         name in (META_NAME, JOURNAL_NAME)
         or name in TOKENIZER_FILES
         or bool(SHARD_RE.fullmatch(name))
+        or bool(MASK_RE.fullmatch(name))
         or is_temp_name(name)
     )
 
@@ -73,27 +74,44 @@ def claim_out_dir(out_dir: Path, keep: set[str] | frozenset[str] = frozenset()) 
 
 
 class ShardWriter:
-    """Accumulates token arrays and writes a shard every `shard_tokens` tokens (memory: one shard)."""
+    """Accumulates token arrays and writes a shard every `shard_tokens` tokens (memory: one shard); with
+    `masked`, each shard's loss mask beside it (`mask_NNNNN.npy`)."""
 
     def __init__(
-        self, out_dir: Path, dtype: np.dtype, shard_tokens: int, shards: list[dict[str, Any]] | None = None
+        self,
+        out_dir: Path,
+        dtype: np.dtype,
+        shard_tokens: int,
+        shards: list[dict[str, Any]] | None = None,
+        masked: bool = False,
     ) -> None:
         """`shards`: those already written by the run being resumed."""
         self.out_dir = out_dir
         self.dtype = dtype
         self.shard_tokens = shard_tokens
+        self.masked = masked
         self.pending: list[np.ndarray] = []
+        self.pending_masks: list[np.ndarray] = []
         self.pending_len = 0
         self.shards: list[dict[str, Any]] = list(shards or [])
         self.num_tokens = sum(int(entry["num_tokens"]) for entry in self.shards)
 
-    def add(self, tokens: np.ndarray, on_shard: Callable[[int], None] | None = None) -> None:
-        """Append `tokens`; after each shard written, `on_shard(tokens of this array now in shards)`."""
+    def add(
+        self,
+        tokens: np.ndarray,
+        on_shard: Callable[[int], None] | None = None,
+        mask: np.ndarray | None = None,
+    ) -> None:
+        """Append `tokens` (and their `mask`, when masked); after each shard written, `on_shard(tokens of
+        this array now in shards)`."""
+        assert (mask is not None) == self.masked and (mask is None or mask.size == tokens.size)
         tokens = tokens.astype(self.dtype, copy=False)
         used = 0
         while used < tokens.size:
             take = min(self.shard_tokens - self.pending_len, tokens.size - used)
             self.pending.append(tokens[used : used + take])
+            if mask is not None:
+                self.pending_masks.append(mask[used : used + take])
             self.pending_len += take
             used += take
             if self.pending_len == self.shard_tokens:
@@ -105,12 +123,19 @@ class ShardWriter:
         if not self.pending_len:
             return
         arr = np.concatenate(self.pending)
-        name = shard_name(len(self.shards))
-        digest = atomic_save_npy(self.out_dir / name, arr)
-        self.shards.append({"file": name, "num_tokens": int(arr.size), "sha256": digest})
+        index = len(self.shards)
+        entry: dict[str, Any] = {"file": shard_name(index), "num_tokens": int(arr.size)}
+        if self.masked:  # the mask first: a shard on disk always has its mask
+            mask = np.concatenate(self.pending_masks).astype(np.uint8, copy=False)
+            entry["mask"] = mask_name(index)
+            entry["mask_sha256"] = atomic_save_npy(self.out_dir / entry["mask"], mask)
+        entry["sha256"] = atomic_save_npy(self.out_dir / entry["file"], arr)
+        self.shards.append(entry)
         self.num_tokens += int(arr.size)
-        self.pending, self.pending_len = [], 0
+        self.pending, self.pending_masks, self.pending_len = [], [], 0
 
     def remove_written(self) -> None:
         for entry in self.shards:
-            (self.out_dir / str(entry["file"])).unlink(missing_ok=True)
+            for key in ("file", "mask"):
+                if key in entry:
+                    (self.out_dir / str(entry[key])).unlink(missing_ok=True)

@@ -5,7 +5,9 @@ The main process reads the inputs as chunks (data/readers.py), `workers` process
 bytes for any number of workers. Shards are written through temp names and renamed; after each one the
 resume journal (data/journal.py) records where the next begins, and meta.json, written last, marks the
 directory complete. A bad record stops the run with one line naming its file and line/row, and removes
-what was written; with `skip_bad` it is skipped and counted in meta.json instead.
+what was written; with `skip_bad` it is skipped and counted in meta.json instead. With `chat`, records are
+conversations: tokens and a loss mask per conversation (data/chat.py), packed whole into windows by the
+main process (data/packing.py), written as token shards with a mask shard beside each.
 """
 
 from __future__ import annotations
@@ -18,20 +20,32 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from truestep.data.atomic import atomic_write_bytes
 from truestep.data.bos import resolve_bos
+from truestep.data.chat_prepare import (
+    ChatOptions,
+    chat_bos,
+    chat_meta,
+    chat_settings,
+    chat_spec,
+    packer,
+    pad_id,
+)
 from truestep.data.encode import EXAMPLES_KEPT, Encoder, EncoderSpec, encode_chunk, init_worker
 from truestep.data.errors import DataError
 from truestep.data.inputs import InputFile, expand_inputs
 from truestep.data.journal import Counters, Journal, read_journal, tail_problem, write_journal
 from truestep.data.meta import FORMAT, JOURNAL_NAME, META_NAME, VERSION, dtype_for_vocab
 from truestep.data.outdir import ShardWriter, claim_out_dir, is_replaceable_dir
+from truestep.data.packing import Packer
 from truestep.data.pipeline import ordered_map
 from truestep.data.readers import CHUNK_BYTES, Chunk, Cursor, read_chunks
 from truestep.data.tokenizer import HFTokenizer, load_tokenizer
 from truestep.data.tokenizer_files import TOKENIZER_JSON, read_tokenizer_files, write_tokenizer_files
 
-__all__ = ["DEFAULT_SHARD_TOKENS", "PrepareProgress", "is_replaceable_dir", "prepare_data"]
+__all__ = ["DEFAULT_SHARD_TOKENS", "ChatOptions", "PrepareProgress", "is_replaceable_dir", "prepare_data"]
 
 DEFAULT_SHARD_TOKENS = 16_777_216  # 32 MiB per shard at uint16: few files, cheap to hash and mmap
 
@@ -45,7 +59,8 @@ class PrepareProgress:
 
 
 def _settings(inputs: list[InputFile], spec: EncoderSpec, shard_tokens: int, tokenizer_sha: str) -> dict:
-    """What a resumed run must share with the interrupted one for its shards to be the same."""
+    """What a resumed run must share with the interrupted one for its shards to be the same (chat data:
+    also `chat`, data/chat_prepare.py)."""
     return {
         "version": VERSION,
         "inputs": [item.identity() for item in inputs],
@@ -65,7 +80,7 @@ def _describe(chunk: Chunk) -> str:
 
 
 def _start(
-    out_dir: Path, settings: dict, resume: bool, log: Callable[[str], None], reread: Callable[[Cursor], Any]
+    out_dir: Path, settings: dict, resume: bool, log: Callable[[str], None], reread: Callable[[Journal], Any]
 ) -> Journal | None:
     """Claim `out_dir`; the journal of an interrupted run with the same settings, if resuming and it holds
     (data/journal.py: its shards, and `reread(cursor)`, the tokens at its position, checked)."""
@@ -77,7 +92,7 @@ def _start(
         and not (out_dir / META_NAME).exists()
     ):
         journal, why = read_journal(out_dir, settings)
-        problem = tail_problem(out_dir, journal, reread(journal.cursor)) if journal is not None else None
+        problem = tail_problem(out_dir, journal, reread(journal)) if journal is not None else None
         if journal is None or problem is not None:
             journal = None
             log(
@@ -86,20 +101,30 @@ def _start(
             )
         else:
             log(f"resuming the interrupted prepare-data in {out_dir} after {len(journal.shards)} shard(s)")
-    keep = {JOURNAL_NAME, *(str(e["file"]) for e in journal.shards)} if journal else set()
+    keep = (
+        {JOURNAL_NAME, *(str(e[k]) for e in journal.shards for k in ("file", "mask") if k in e)}
+        if journal
+        else set()
+    )
     claim_out_dir(out_dir, keep)
     return journal
 
 
-def _tokens_at(inputs: list[InputFile], spec: EncoderSpec) -> Callable[[Cursor], Any]:
-    """The tokens of the chunk that starts at a cursor, encoded again (None: none, or a bad record)."""
+def _tokens_at(inputs: list[InputFile], spec: EncoderSpec, settings: dict) -> Callable[[Journal], Any]:
+    """The tokens (and chat data's mask, packed from the journal's block fill) of the chunk that starts
+    at the journal's cursor, encoded again (None: none, or a bad record)."""
 
-    def reread(cursor: Cursor) -> Any:
-        chunk = next(read_chunks(inputs, spec.text_field, cursor), None)
-        if chunk is None or chunk.cursor != cursor:
+    def reread(journal: Journal) -> Any:
+        chunk = next(read_chunks(inputs, spec.text_field, journal.cursor), None)
+        if chunk is None or chunk.cursor != journal.cursor:
             return None
         result = Encoder(spec).encode(chunk)
-        return None if result.error is not None else result.tokens
+        if result.error is not None:
+            return None
+        if spec.chat is None:
+            return result.tokens, None
+        assert result.mask is not None and result.lengths is not None
+        return packer(settings, journal.counters.block_fill).pack(result.tokens, result.mask, result.lengths)
 
     return reread
 
@@ -118,12 +143,14 @@ def prepare_data(
     resume: bool = True,
     progress: Callable[[PrepareProgress], None] | None = None,
     log: Callable[[str], None] | None = None,
+    chat: ChatOptions | None = None,
 ) -> Path:
     """Tokenize the inputs (files, directories, globs: data/inputs.py) into shards under `out_dir`.
 
     Every document becomes [BOS] tokens EOS (BOS per `bos`: data/bos.py). Returns `out_dir`. The stream
     order is the order of the inputs (each directory and glob sorted). `resume`: continue an interrupted
-    run with the same inputs and settings instead of starting over.
+    run with the same inputs and settings instead of starting over. `chat`: the inputs are conversations
+    (JSON lines), written with loss masks and packed into windows of `chat.seq_len` tokens.
     """
     if shard_tokens <= 0:
         raise DataError(f"shard_tokens must be positive, got {shard_tokens}")
@@ -146,17 +173,22 @@ def prepare_data(
         tokenizer_json=None if tokenizer_json is None else tokenizer_json.decode("utf-8"),
         vocab_size=int(tok.vocab_size),
         eos_id=int(tok.eos_id),
-        bos_id=resolve_bos(tok, bos),
+        bos_id=resolve_bos(tok, bos) if chat is None else chat_bos(tok, bos),
         text_field=text_field,
         skip_bad=skip_bad,
         dtype=dtype.name,
+        chat=None if chat is None else chat_spec(chat, inputs, tok, tokenizer_bytes),
     )
     sha = "byte" if tokenizer_json is None else hashlib.sha256(tokenizer_json).hexdigest()
     settings = _settings(inputs, spec, shard_tokens, sha)
+    if chat is not None and spec.chat is not None:
+        settings["chat"] = chat_settings(spec.chat, chat, pad_id(tok))
     out_dir = Path(out_dir)
-    journal = _start(out_dir, settings, resume, log, _tokens_at(inputs, spec))
-    writer = ShardWriter(out_dir, dtype, shard_tokens, journal.shards if journal else None)
+    journal = _start(out_dir, settings, resume, log, _tokens_at(inputs, spec, settings))
+    masked = spec.chat is not None
+    writer = ShardWriter(out_dir, dtype, shard_tokens, journal.shards if journal else None, masked)
     counters = journal.counters if journal else Counters()
+    pack: Packer | None = packer(settings, counters.block_fill) if masked else None
     skip = journal.skip_tokens if journal else 0
     total_bytes = sum(item.size for item in inputs)
     submitted: deque[Chunk] = deque()
@@ -172,8 +204,13 @@ def prepare_data(
             chunk = submitted.popleft()
             if result.error is not None:
                 raise DataError(result.error)
-            before = Counters(counters.documents, dict(counters.skipped), list(counters.examples))
-            drop = min(skip, result.tokens.size)  # a resumed run's first tokens are in shards already
+            fill = 0 if pack is None else pack.fill
+            before = Counters(counters.documents, dict(counters.skipped), list(counters.examples), fill)
+            tokens, mask = result.tokens, None
+            if pack is not None:
+                assert result.mask is not None and result.lengths is not None
+                tokens, mask = pack.pack(result.tokens, result.mask, result.lengths)
+            drop = min(skip, tokens.size)  # a resumed run's first tokens are in shards already
             skip -= drop
 
             def on_shard(
@@ -181,7 +218,7 @@ def prepare_data(
             ) -> None:
                 write_journal(out_dir, Journal(settings, writer.shards, chunk.cursor, drop + used, before))
 
-            writer.add(result.tokens[drop:], on_shard)
+            writer.add(tokens[drop:], on_shard, None if mask is None else mask[drop:])
             counters.documents += result.documents
             for kind, count in result.skipped.items():
                 counters.skipped[kind] = counters.skipped.get(kind, 0) + count
@@ -189,6 +226,8 @@ def prepare_data(
             if progress is not None:
                 tokens = writer.num_tokens + writer.pending_len
                 progress(PrepareProgress(counters.documents, tokens, chunk.done_bytes, total_bytes))
+        if pack is not None and counters.documents:
+            writer.add(*_with_mask(pack.finish()))
         writer.flush()
         if not writer.num_tokens:
             raise DataError(
@@ -216,6 +255,8 @@ def prepare_data(
             "skipped": counters.skipped,
             "skipped_examples": counters.examples,
         }
+        if masked:
+            meta["chat"] = chat_meta(settings, counters.documents, _trained(out_dir, writer.shards))
         # Written last: its presence is what marks the directory complete.
         atomic_write_bytes(out_dir / META_NAME, (json.dumps(meta, indent=2) + "\n").encode("utf-8"))
         (out_dir / JOURNAL_NAME).unlink(missing_ok=True)
@@ -229,3 +270,14 @@ def prepare_data(
             (out_dir / name).unlink(missing_ok=True)
         raise
     return out_dir
+
+
+def _with_mask(packed: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, None, np.ndarray]:
+    """`writer.add`'s arguments for packed tokens and mask (no journal between shards of the padding: a
+    shard it fills is written, and the next run resumes from the last journal, before it)."""
+    return packed[0], None, packed[1]
+
+
+def _trained(out_dir: Path, shards: list[dict[str, Any]]) -> int:
+    """Tokens the masks train, over all mask shards."""
+    return sum(int(np.load(out_dir / e["mask"], mmap_mode="r", allow_pickle=False).sum()) for e in shards)

@@ -13,6 +13,8 @@ Directory layout:
 
 from __future__ import annotations
 
+from truestep.analysis.verdict import COST_ROWS
+from truestep.config.load import load_config
 from truestep.experiment.runner import JobSpec
 
 # Ablation rows: the switches that turn one mechanism off (docs/checkpointing.md, docs/measures.md).
@@ -23,6 +25,14 @@ ABLATION_ROWS: dict[str, list[str]] = {
     "data-position-off": ["--checkpoint.restore_data_position=false"],
     "atomic-commit-off": ["--checkpoint.atomic_commit=false"],
 }
+SNAPSHOT_ROWS: dict[str, list[str]] = {"peer-snapshots-off": ["--resilience.snapshot_every_steps=0"]}
+"""Ablation rows of a mechanism of cost, added when the base config has it on: peer snapshots
+(resilience.snapshot_every_steps > 0) off, so a failure recovers from disk. Such a cell must stay
+trajectory-preserving (it is judged like all-on, analysis/verdict.py COST_ROWS) and shows what the
+mechanism buys: steps lost per failure and MTTR beside the all-on cell's."""
+assert set(SNAPSHOT_ROWS) == COST_ROWS, "a cost row the verdict does not judge like all-on"
+ROWS = {**ABLATION_ROWS, **SNAPSHOT_ROWS}
+"""Every row an experiment may run: ABLATION_ROWS always, SNAPSHOT_ROWS when snapshots are on."""
 ABLATION_MODES = ("graceful", "hard")
 DEFAULT_REPEATS = 3
 """Same-seed repeats for the floor: two is the fewest leave-one-out can use; three measurably lowers
@@ -43,6 +53,15 @@ def ablation_faults(row: str, mode: str, step: int, interval: int, nproc: int) -
     if mode == "graceful":
         return [f"term:step={step}"]
     return [f"kill:rank={victim}:step={step}"]
+
+
+def default_rows(config: str, overrides: list[str]) -> list[str]:
+    """The ablation rows of an experiment on this config: every correctness row, and the peer-snapshots
+    row when the base config takes snapshots (without them the row would repeat all-on)."""
+    rows = list(ABLATION_ROWS)
+    if load_config(config, overrides).resilience.snapshot_every_steps > 0:
+        rows += list(SNAPSHOT_ROWS)
+    return rows
 
 
 def plan_jobs(
@@ -85,10 +104,8 @@ def plan_jobs(
     if faults:
         jobs.append(job("faulted", "faulted", cell=faults))
     if ablation:
-        for row in ablation_rows or list(ABLATION_ROWS):
+        for row in ablation_rows or default_rows(config, overrides):
             for mode in ablation_modes or list(ABLATION_MODES):
                 cell = ablation_faults(row, mode, fault_step, interval, nproc * nnodes)
-                jobs.append(
-                    job(f"ablation-{row}-{mode}", "ablation", ABLATION_ROWS[row], cell, row=row, mode=mode)
-                )
+                jobs.append(job(f"ablation-{row}-{mode}", "ablation", ROWS[row], cell, row=row, mode=mode))
     return jobs

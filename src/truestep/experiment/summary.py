@@ -14,7 +14,7 @@ from truestep.analysis.fidelity import DEFAULT_MARGIN
 from truestep.analysis.runlog import RunLog, RunLogError
 from truestep.analysis.summary import ExperimentSummary, analyze_group, summarize_groups, to_json
 from truestep.core.fsio import atomic_write
-from truestep.experiment.plan import ABLATION_MODES, ABLATION_ROWS
+from truestep.experiment.plan import ABLATION_MODES, ROWS
 from truestep.experiment.runner import GROUP_NOTES
 
 
@@ -25,7 +25,7 @@ def _with_role(job: dict[str, Any]) -> dict[str, Any]:
         raise ValueError(f"job name {name!r} is not a plain directory name under runs/")
     if "role" in job:
         return job
-    for row in ABLATION_ROWS:
+    for row in ROWS:
         for mode in ABLATION_MODES:
             if name == f"ablation-{row}-{mode}":
                 return {**job, "role": "ablation", "row": row, "mode": mode}
@@ -64,9 +64,19 @@ def summarize(
             if job.get("role") not in ("reference", "floor")
         }
         cells = [(job["row"], job["mode"], job["name"]) for job in mine if job.get("role") == "ablation"]
+        declared = {job["name"]: [str(f) for f in job.get("faults") or []] for job in mine}
         groups.append(
             analyze_group(
-                refs[0], logs[refs[0]], floors, others, cells, margin, group, notes.get(group, ""), read_state
+                refs[0],
+                logs[refs[0]],
+                floors,
+                others,
+                cells,
+                margin,
+                group,
+                notes.get(group, ""),
+                read_state,
+                declared,
             )
         )
     summary = summarize_groups(groups, margin)

@@ -193,10 +193,42 @@ def measure(path: Path) -> Measured:
             "no hang was injected: hang detection is the run's max(resilience.hang_timeout_s, "
             "hang_step_multiple x its longest step)"
         )
+    _snapshots(m, runs)
     _other(m, runs)
     _sizes(m, runs)
     _corrupts(m, cells)
     return m
+
+
+def _snapshots(m: Measured, runs: list[tuple[RunAnalysis, RunLog]]) -> None:
+    """Peer snapshots' costs where the runs took them: the capture and the agreement per snapshot (what
+    training waited: the update for the capture, inside a step's time, and the agreement, between
+    steps) and the restore from memory. The
+    stalls come out of the step time and the between-step overhead, so that a plan charges them once,
+    through mechanisms.snapshot_every_steps, and a plan with snapshots off does not pay them."""
+    agreed = [e for _, r in runs for e in r.named("snapshot_agreed")]
+    m.put("costs.memory_restore_s", (e.get("restore_s") for _, r in runs for e in r.named("memory_restore")))
+    if not agreed:
+        return
+    wait = [float(e.get("wait_s", 0.0)) for e in agreed]
+    blocked = [float(e.get("blocked_s", 0.0)) for e in agreed]
+    m.put("costs.snapshot_capture_s", (e.get("capture_s") for e in agreed))
+    m.put("costs.snapshot_agree_s", blocked)
+    steps = sum(len(r.final_steps) for _, r in runs)
+    if steps:
+        for key, part in (("job.step_time_s", sum(wait)), ("job.step_overhead_s", sum(blocked))):
+            if key in m.values:
+                m.values[key] = max(0.0, m.values[key] - part / steps)
+    m.notes.append(
+        f"the runs took peer snapshots ({len(agreed)} agreed): their stalls are taken out of step_time_s and "
+        "step_overhead_s and charged through costs.snapshot_capture_s and snapshot_agree_s when "
+        "mechanisms.snapshot_every_steps > 0"
+        + (
+            ""
+            if any("wait_s" in e for e in agreed)
+            else " (their events predate wait_s: the update's wait is missed)"
+        )
+    )
 
 
 def _other(m: Measured, runs: list[tuple[RunAnalysis, RunLog]]) -> None:

@@ -11,6 +11,7 @@ numbers are measured, which extrapolated, which set and which assumed.
 from __future__ import annotations
 
 import dataclasses
+import math
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +24,11 @@ RESUME_KINDS = ("graceful", "hard", "torn")
 """Resumes a disabled mechanism can corrupt: after a preemption's emergency save (graceful), from an
 interval checkpoint after a crash or hang (hard), from a checkpoint torn by a failure mid-save (torn)."""
 FAILURE_MODELS = ("exponential", "llama3")
+MAX_REPLICAS = 100_000
+"""job.replicas and `--sweep-replicas` at most (plan/budget.py sizes the rest of the work)."""
+MIN_INTERVAL_S = 1.0
+"""The shortest checkpoint interval of continuous training (no step time), set or found: with free
+saves Daly's interval is 0, which no job can checkpoint at."""
 
 
 @dataclass
@@ -68,6 +74,11 @@ class FailureInputs:
     """Scheduler preemptions (or planned maintenance) of the whole job per day."""
     preemption_notice_s: float = 120.0
     """Notice before a preemption kills the job; shorter than `costs.graceful_stop_s` = a kill."""
+    memory_fallback_fraction: float = 0.09
+    """With peer snapshots: fraction of failures whose failed ranks' buddies are lost with them (a
+    correlated failure), so the disk restores them. Default: the share of the Llama 3 interruptions whose
+    cause can take several nodes at once (network switch/cable 35, power supply 3, of 419): assumed. A
+    preemption that kills the job always falls back: the whole job's memory is gone."""
 
 
 @dataclass
@@ -102,6 +113,16 @@ class CostInputs:
     """Preemption signal -> every rank exited with its emergency checkpoint committed."""
     other_per_attempt_s: float = 0.0
     """Per attempt: time no bucket covers (shutdown, bookkeeping; the report's `other`)."""
+    snapshot_capture_s: float = 0.5
+    """With peer snapshots: one snapshot's capture, this rank's state copied to host memory and hashed
+    (`snapshot_agreed.capture_s`). It overlaps the next step's forward and backward; the update waits for
+    what is left of it: max(0, capture - job.step_time_s) per snapshot."""
+    snapshot_agree_s: float = 0.01
+    """With peer snapshots: the agreement at the next step boundary that every rank holds the snapshot
+    (`snapshot_agreed.blocked_s`; the replica's transfer is assumed done within a step)."""
+    memory_restore_s: float = 5.0
+    """Restoring from peers' memory on restart (`memory_restore.restore_s`: a buddy's copy received and
+    checked, the others' own read back)."""
 
 
 @dataclass
@@ -130,6 +151,10 @@ class MechanismInputs:
     """Resumes that data-position-off corrupts."""
     atomic_commit_corrupts: str = "torn"
     """Resumes that atomic-commit-off corrupts."""
+    snapshot_every_steps: int = 0
+    """Peer snapshots every k steps (the trainer's resilience.snapshot_every_steps; 0 = off, its default):
+    a failure restores the last agreed snapshot from memory, losing at most k steps, unless it falls back
+    to disk (failures.memory_fallback_fraction, a preemption that kills the job). Needs job.step_time_s."""
 
 
 @dataclass
@@ -152,6 +177,9 @@ class ScalingInputs:
     """Aggregate storage read bandwidth (GB/s)."""
     hash_gbps_per_rank: float = 1.0
     """Checksumming speed per rank at commit (GB/s; each rank verifies its own shards)."""
+    network_gbps_per_rank: float = 25.0
+    """Network bandwidth one rank gets to a peer on another node (GB/s; 25 = 200 Gb/s per GPU): a
+    snapshot replica's transfer to its buddy, and back in a memory restore."""
 
 
 @dataclass
@@ -231,13 +259,26 @@ def corrupts(text: str, key: str) -> frozenset[str]:
 def validate(inputs: PlanInputs, prov: Provenance) -> None:
     """Refuse what the simulation cannot mean (ConfigError: one line, exit 2)."""
     job, fail = inputs.job, inputs.failures
+    numbers = {k: get(inputs, k) for k in keys(inputs)}
+    numbers = {k: v for k, v in numbers.items() if isinstance(v, int | float) and not isinstance(v, bool)}
+    infinite = [k for k, v in numbers.items() if not math.isfinite(v)]
+    if infinite:
+        raise ConfigError(f"must be finite numbers: {', '.join(infinite)}")
     if job.gpus < 1 or job.gpus_per_node < 1:
         raise ConfigError("job.gpus and job.gpus_per_node must be >= 1")
-    if job.replicas < 2:
-        raise ConfigError("job.replicas must be >= 2 (intervals need more than one replica)")
+    if not 2 <= job.replicas <= MAX_REPLICAS:
+        raise ConfigError(
+            f"job.replicas must be within [2, {MAX_REPLICAS}] (intervals need more than one replica; more "
+            "than the bound adds nothing but time)"
+        )
     for name in ("work_steps", "checkpoint_interval_steps"):
         if getattr(job, name) > 0 and job.step_time_s <= 0:
             raise ConfigError(f"job.{name} needs job.step_time_s > 0")
+    if 0 < job.checkpoint_interval_s < MIN_INTERVAL_S and job.step_time_s <= 0:
+        raise ConfigError(
+            f"job.checkpoint_interval_s must be 0 (the plan finds it) or >= {MIN_INTERVAL_S:g} s, got "
+            f"{job.checkpoint_interval_s:g}"
+        )
     if job.work_steps == 0 and job.job_days <= 0:
         raise ConfigError("job.job_days must be > 0")
     if fail.model not in FAILURE_MODELS:
@@ -269,3 +310,31 @@ def validate(inputs: PlanInputs, prov: Provenance) -> None:
     m = inputs.mechanisms
     for key in ("optimizer_corrupts", "rng_corrupts", "data_position_corrupts", "atomic_commit_corrupts"):
         corrupts(getattr(m, key), f"mechanisms.{key}")
+    validate_snapshots(inputs)
+
+
+SNAPSHOT_INPUTS = (
+    "mechanisms.snapshot_every_steps",
+    "failures.memory_fallback_fraction",
+    "costs.snapshot_capture_s",
+    "costs.snapshot_agree_s",
+    "costs.memory_restore_s",
+    "scaling.network_gbps_per_rank",
+)
+"""The peer-snapshot inputs (plan/snapshots.py)."""
+
+
+def validate_snapshots(inputs: PlanInputs) -> None:
+    """The peer-snapshot inputs: finite, not negative (as every input), a fraction within [0, 1], a
+    bandwidth above 0, and snapshots every k steps only with a step time to make k steps of."""
+    bad = [k for k in SNAPSHOT_INPUTS if not math.isfinite(get(inputs, k)) or get(inputs, k) < 0]
+    if bad:
+        raise ConfigError(f"must be finite and not negative: {', '.join(bad)}")
+    if inputs.failures.memory_fallback_fraction > 1.0:
+        raise ConfigError("failures.memory_fallback_fraction must be within [0, 1]")
+    if inputs.scaling.network_gbps_per_rank <= 0:
+        raise ConfigError("scaling.network_gbps_per_rank must be > 0")
+    if inputs.mechanisms.snapshot_every_steps > 0 and inputs.job.step_time_s <= 0:
+        raise ConfigError(
+            "mechanisms.snapshot_every_steps needs job.step_time_s > 0 (snapshots are every k steps)"
+        )

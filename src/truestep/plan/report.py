@@ -16,6 +16,7 @@ from truestep.core.fsio import atomic_write, make_dir
 from truestep.plan.build import Assembled
 from truestep.plan.inputs import get, keys
 from truestep.plan.scenario import gpu_fraction, spares_warning
+from truestep.plan.snapshots import SnapshotStudy
 from truestep.plan.study import PlanResult, Stat
 
 
@@ -174,6 +175,7 @@ def build_blocks(a: Assembled, r: PlanResult, images: dict[str, Path]) -> list[B
             "and restore costs follow the scaling model (docs/plan.md), other costs stay as planned."
         ),
         Image("Goodput vs GPU count", images["gpus"]),
+        *snapshot_blocks(r.snapshots, step),
         Heading(2, "Sensitivity"),
         Para(
             f"Correct goodput with one input at 50 % and at 150 % (baseline {fmt_pct(r.base_correct)}), largest effect first."
@@ -203,6 +205,56 @@ def build_blocks(a: Assembled, r: PlanResult, images: dict[str, Path]) -> list[B
         )
     if notes:
         out += [Heading(2, "Notes"), *(Para(n) for n in notes)]
+    return out
+
+
+def _k(k: int) -> str:
+    return "off (disk only)" if k == 0 else f"every {k} step{'s' if k > 1 else ''}"
+
+
+def snapshot_blocks(study: SnapshotStudy | None, step_s: float) -> list[Block]:
+    """Peer snapshots off vs every k steps (plan/snapshots.py)."""
+    out: list[Block] = [Heading(2, "Peer snapshots")]
+    if study is None:
+        return out + [
+            Para(
+                "Not simulated: snapshots are taken every k steps, and the plan has no step time. Set "
+                "`job.step_time_s` (and `mechanisms.snapshot_every_steps`) to see what they buy."
+            )
+        ]
+    out.append(
+        Para(
+            "A failure restores the last agreed in-memory snapshot from peers (at most k steps lost) unless its "
+            "buddies were lost with it or a preemption killed the whole job: then the newest checkpoint serves. "
+            f"Every setting at the headline's checkpoint interval ({_interval(study.interval_s, step_s)}); "
+            "`mechanisms.snapshot_every_steps` is the planned setting (0 = off), the others are what-ifs."
+        )
+    )
+    out.append(
+        Table(
+            ["peer snapshots", "plain goodput", "correct goodput", "correct 5-95 %", "steps lost per failure"]
+            + ["restored from memory", "mean recovery", "snapshot stalls"],
+            [
+                [_k(row.k), fmt_pct(row.plain.mean), fmt_pct(row.correct.mean)]
+                + [f"{fmt_pct(row.correct.p5)} - {fmt_pct(row.correct.p95)}", f"{row.steps_lost:,.2f}"]
+                + [fmt_pct(row.from_memory), fmt_seconds(row.mttr_s), fmt_pct(row.overhead)]
+                for row in study.rows
+            ],
+        )
+    )
+    k_all = list(study.sweep)
+    out += [
+        Para("Correct goodput and steps lost per failure at every GPU count, each snapshot setting above:"),
+        Table(
+            ["GPUs", *(f"correct: {_k(k)}" for k in k_all), *(f"steps lost: {_k(k)}" for k in k_all)],
+            [
+                [f"{g:,}"]
+                + [fmt_pct(study.sweep[k][n]) for k in k_all]
+                + [f"{study.sweep_lost[k][n]:,.2f}" for k in k_all]
+                for n, g in enumerate(study.sweep_gpus)
+            ],
+        ),
+    ]
     return out
 
 

@@ -7,6 +7,10 @@
     commit      = latency_c + bytes_rank / hash_gbps_per_rank                    (each rank its shards)
     restore     = latency_r + max(bytes_rank / read_gbps_per_rank, bytes_total / read_gbps_total)
     graceful_stop = latency_s + write + commit                                   (the emergency save)
+    snapshot_capture = latency_p + bytes_rank / staging_gbps_per_rank + bytes_rank / hash_gbps_per_rank
+                                         (peer snapshots: the copy to host memory and its SHA-256)
+    memory_restore = latency_m + bytes_rank / network_gbps_per_rank + bytes_rank / hash_gbps_per_rank
+                                + bytes_rank / staging_gbps_per_rank   (a buddy's copy: received, checked, loaded)
 
 A measurement at one size gives each latency: the measured time minus the bandwidth term at the
 measured size. When the measurement is faster than the bandwidth term alone, the assumed bandwidth is
@@ -23,7 +27,15 @@ from dataclasses import dataclass, field
 from truestep.plan.inputs import ScalingInputs
 
 GB = 1e9
-SCALED = ("save_blocking_s", "save_write_s", "save_commit_s", "restore_s", "graceful_stop_s")
+SCALED = (
+    "save_blocking_s",
+    "save_write_s",
+    "save_commit_s",
+    "restore_s",
+    "graceful_stop_s",
+    "snapshot_capture_s",
+    "memory_restore_s",
+)
 """The cost inputs the scaling model extrapolates."""
 ASSUMED_LATENCY_S = {
     "save_blocking_s": 0.1,
@@ -31,6 +43,8 @@ ASSUMED_LATENCY_S = {
     "save_commit_s": 0.5,
     "restore_s": 5.0,
     "graceful_stop_s": 10.0,
+    "snapshot_capture_s": 0.01,
+    "memory_restore_s": 1.0,
 }
 """Latencies when a model size is known but nothing was measured (assumed)."""
 
@@ -54,6 +68,17 @@ def bandwidth_terms(s: ScalingInputs, params: float, world: int) -> dict[str, fl
         "save_write_s": write,
         "save_commit_s": commit,
         "restore_s": max(rank / (s.read_gbps_per_rank * GB), total / (s.read_gbps_total * GB)),
+        **snapshot_terms(s, rank),
+    }
+
+
+def snapshot_terms(s: ScalingInputs, rank: float) -> dict[str, float]:
+    """Peer snapshots, the way truestep takes them: a capture copies the shard to host memory and hashes
+    it, one after the other; a restore receives a buddy's copy, checks its SHA-256 and loads it."""
+    copy, sha = rank / (s.staging_gbps_per_rank * GB), rank / (s.hash_gbps_per_rank * GB)
+    return {
+        "snapshot_capture_s": copy + sha,
+        "memory_restore_s": rank / (s.network_gbps_per_rank * GB) + sha + copy,
     }
 
 

@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 from truestep.plan.failures import job_failure_rate, outcome_probabilities
 from truestep.plan.formulas import daly_interval
-from truestep.plan.inputs import PlanInputs, corrupts
+from truestep.plan.inputs import MIN_INTERVAL_S, PlanInputs, corrupts
 from truestep.plan.simulate import Params, make_params
 
 DAY_S = 86400.0
@@ -76,7 +76,8 @@ def interrupt_rate(inputs: PlanInputs) -> float:
 
 
 def daly_for(inputs: PlanInputs) -> float:
-    """Daly's interval for these inputs, at least one save's write + commit (a shorter one only stalls)."""
+    """Daly's interval for these inputs, at least one save's write + commit (a shorter one only stalls),
+    rounded (`round_interval`)."""
     c = inputs.costs
     rate = interrupt_rate(inputs)
     tau = daly_interval(blocking_s(inputs), 1.0 / rate) if rate > 0 else work_s(inputs)
@@ -92,11 +93,11 @@ def planned_interval(inputs: PlanInputs) -> float:
 
 
 def round_interval(inputs: PlanInputs, interval_s: float) -> float:
-    """Whole steps when the step time is known (at least one step), capped at the whole job."""
+    """Whole steps when the step time is known (at least one step), else at least MIN_INTERVAL_S; capped
+    at the whole job."""
     step = inputs.job.step_time_s
-    if step > 0:
-        interval_s = max(1, round(interval_s / step)) * step
-    return min(interval_s, work_s(inputs))
+    whole = max(1, round(interval_s / step)) * step if step > 0 else max(interval_s, MIN_INTERVAL_S)
+    return min(whole, work_s(inputs))
 
 
 def params(inputs: PlanInputs, replicas: int, interval_s: float) -> Params:
@@ -117,7 +118,9 @@ def params(inputs: PlanInputs, replicas: int, interval_s: float) -> Params:
         work_s=work_s(inputs),
         interval_s=interval_s,
         step_s=job.step_time_s,
-        overhead_fraction=job.step_overhead_s / job.step_time_s if job.step_time_s > 0 else 0.0,
+        overhead_fraction=(job.step_overhead_s + snapshot_overhead_s(inputs)) / job.step_time_s
+        if job.step_time_s > 0
+        else 0.0,
         blocking_s=blocking_s(inputs),
         write_s=c.save_write_s,
         commit_s=c.save_commit_s,
@@ -139,7 +142,23 @@ def params(inputs: PlanInputs, replicas: int, interval_s: float) -> Params:
         corrupt_graceful="graceful" in kinds,
         trust_newest=not m.atomic_commit,
         corrupt_torn="torn" in kinds,
+        snapshot_s=m.snapshot_every_steps * job.step_time_s,
+        memory_restore_s=c.memory_restore_s,
+        memory_fallback_p=f.memory_fallback_fraction,
     )
+
+
+def snapshot_stall_s(inputs: PlanInputs) -> float:
+    """What one snapshot stalls training: the agreement, and the part of the capture the next step's
+    forward and backward do not hide (the update waits for it)."""
+    c = inputs.costs
+    return c.snapshot_agree_s + max(0.0, c.snapshot_capture_s - inputs.job.step_time_s)
+
+
+def snapshot_overhead_s(inputs: PlanInputs) -> float:
+    """What peer snapshots add to every step on average: one stall per k steps (0 when off)."""
+    k = inputs.mechanisms.snapshot_every_steps
+    return snapshot_stall_s(inputs) / k if k > 0 else 0.0
 
 
 def spares_warning(inputs: PlanInputs) -> str | None:

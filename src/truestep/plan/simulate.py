@@ -1,8 +1,14 @@
 """The Monte Carlo core: many replicas of one long job, vectorized over replicas with numpy.
 
 A replica alternates *up periods* (processes running: start-up, restore, training with periodic
-checkpoints) and *recoveries* (detection, teardown, relaunch or requeue wait). Failures and preemption
-notices arrive as Poisson processes while the job's processes run; the loop handles one up period of
+checkpoints) and *recoveries* (detection, teardown, relaunch or requeue wait). Failures arrive as a
+Poisson process on the wall clock whenever the job holds its nodes: up periods, and in a recovery the
+detection, the teardown, a graceful stop and a relaunch in place; not while it waits for the scheduler
+(a requeue or a replacement node: the allocation is released). A failure inside a recovery strikes the
+relaunch (the next up period fails as it starts; more in the same recovery are counted and handled by
+that relaunch), so a rate read from wall-clock counts of a job that held its nodes (Llama 3's 419 in 54 days) is simulated as such.
+Preemption notices arrive while the job's processes run (a notice to a job that is down stops nothing).
+The loop handles one up period of
 every unfinished replica per iteration, in closed form (how far training got, which checkpoint was
 committed, whether a save was torn), so its length is the largest number of interruptions any replica
 saw, not the number of steps. Every parameter is an array with one value per replica, so one call
@@ -21,6 +27,7 @@ from dataclasses import dataclass, fields
 import numpy as np
 
 from truestep.analysis.goodput import BUCKETS
+from truestep.config.errors import ConfigError
 
 OUTCOMES = ("crash", "crash_node", "hang", "hang_node")
 """What one failure is: a crash or a hang, and whether it took its node out (needs a replacement)."""
@@ -28,6 +35,12 @@ SIM_BUCKETS = (*BUCKETS, "other")
 """The analysis's badput buckets (analysis/goodput.py) plus `other`; `unverifiable` stays 0 in a plan."""
 
 Array = np.ndarray
+SNAPSHOTS_OFF = {"snapshot_s": 0.0, "memory_restore_s": 0.0, "memory_fallback_p": 1.0}
+"""The peer-snapshot parameters a caller may leave out (make_params): no snapshots."""
+
+
+class SimulationTooLong(ConfigError):
+    """A replica saw more interruptions than the caller allowed: refused in one line (exit 2)."""
 
 
 @dataclass
@@ -82,6 +95,13 @@ class Params:
     corrupt_torn: Array
     """Resuming a torn checkpoint (atomic commit off, a failure while a save was written) leaves the
     reference trajectory."""
+    snapshot_s: Array
+    """Useful compute between peer snapshots (k steps; 0: off). A hard failure restores the last agreed
+    snapshot (agreed one step after it was taken) from memory, unless it falls back to disk."""
+    memory_restore_s: Array
+    """Restore from peers' memory (instead of restore_s) on the attempt after a recovery from memory."""
+    memory_fallback_p: Array
+    """Probability that a failure's recovery cannot use memory (its buddies lost too)."""
 
     @property
     def size(self) -> int:
@@ -99,7 +119,8 @@ def make_params(replicas: int, outcome_p: Array | list[float], **values: float |
         dtype = (
             bool if f.name in ("corrupt_hard", "corrupt_graceful", "trust_newest", "corrupt_torn") else float
         )
-        out[f.name] = np.broadcast_to(np.asarray(values[f.name], dtype=dtype), (replicas,)).copy()
+        value = values[f.name] if f.name in values or f.name not in SNAPSHOTS_OFF else SNAPSHOTS_OFF[f.name]
+        out[f.name] = np.broadcast_to(np.asarray(value, dtype=dtype), (replicas,)).copy()
     return Params(**out)
 
 
@@ -121,6 +142,26 @@ class SimResult:
     preemptions: Array
     recovery_s: Array
     """Σ detection + teardown + relaunch wait + start-up + restore over the job's recoveries."""
+    hard_stops: Array | None = None
+    """Interruptions that lost work: failures and preemptions that killed the job (per replica)."""
+    from_memory: Array | None = None
+    """Of those, the ones restored from peers' memory."""
+
+    def part(self, where: slice) -> SimResult:
+        """The replicas of one setting of a side-by-side run."""
+        cut = {f.name: getattr(self, f.name) for f in fields(self)}
+        return SimResult(
+            **{
+                k: (
+                    {b: x[where] for b, x in v.items()}
+                    if isinstance(v, dict)
+                    else None
+                    if v is None
+                    else v[where]
+                )
+                for k, v in cut.items()
+            }
+        )
 
     @property
     def plain_goodput(self) -> Array:
@@ -149,11 +190,15 @@ def simulate(
     cycle = tau + b_eff
     save_total = np.maximum(p.blocking_s, p.write_s + p.commit_s)
 
+    snap = p.snapshot_s * scale
+    snapshots = bool((snap > 0).any())  # draws an extra number per interruption only then (seeded plans)
+    memory, hard_stops, from_memory = np.zeros(n, dtype=bool), np.zeros(n), np.zeros(n)
     t, pos = np.zeros(n), np.zeros(n)
     cold = np.ones(n, dtype=bool)
     violated = np.full(n, np.inf)
     bucket = {k: np.zeros(n) for k in SIM_BUCKETS}
     failures, preemptions, recovery, attempts = np.zeros(n), np.zeros(n), np.zeros(n), np.zeros(n)
+    down = np.zeros(n)  # the nodes-held part of each replica's last recovery: failures arrive there too
     active = np.arange(n)
     cum_p = np.cumsum(p.outcome_p, axis=1)
 
@@ -164,13 +209,20 @@ def simulate(
         i, k = active, active % width
         rem = work[i] - pos[i]
         start = np.where(cold[i], p.startup_cold_s[i], p.startup_warm_s[i])
-        rest = np.where(pos[i] > 0, p.restore_s[i], 0.0)
+        rest = np.where(pos[i] > 0, np.where(memory[i], p.memory_restore_s[i], p.restore_s[i]), 0.0)
         up = start + rest
         saves = np.maximum(np.ceil(rem / tau[i] - 1e-9), 1.0)  # interval saves + the final save
         final_at = rem + (saves - 1) * b_eff[i]  # training time at which the final save starts
         end = up + final_at + save_total[i]
         with np.errstate(divide="ignore"):
-            fail_at = np.where(p.failure_rate[i] > 0, e_fail[k] / p.failure_rate[i], np.inf)
+            # Memoryless: the next failure after the previous recovery began; one due inside it strikes
+            # the relaunch at once, and the others inside it are handled by that same relaunch.
+            first = np.where(p.failure_rate[i] > 0, e_fail[k] / p.failure_rate[i], np.inf)
+        fail_at = np.maximum(first - down[i], 0.0)
+        more = p.failure_rate[i] * np.maximum(down[i] - first, 0.0)
+        if more.any():
+            failures[i] += rng.poisson(more)
+        with np.errstate(divide="ignore"):
             notice_at = np.where(p.preempt_rate[i] > 0, e_pre[k] / p.preempt_rate[i], np.inf)
         # Ranks stop at a step boundary: a notice during start-up or restore is acted on once they are up.
         stop_at = np.maximum(notice_at, up)
@@ -203,6 +255,13 @@ def simulate(
         trust = p.trust_newest[i]
         rel = np.where(trust, newest, committed * tau[i])
         rel = np.where(graceful, computed, rel)
+        if snapshots:  # the newer of the last agreed snapshot and the checkpoint serves
+            agreed = (
+                np.floor(np.maximum(computed - step[i], 0.0) / np.maximum(snap[i], 1e-300) + 1e-9) * snap[i]
+            )
+            kept = rng.random(width)[k] >= p.memory_fallback_p[i]
+            memory[i] = hard & ~preempt_kill & (snap[i] > 0) & kept & (agreed > rel)
+            rel = np.where(memory[i], agreed, rel)
         lost_raw = np.where(hard, computed - rel, 0.0)
         partial = np.where(step[i] > 0, np.mod(lost_raw + 1e-9 * step[i], np.maximum(step[i], 1e-300)), 0.0)
         partial = np.minimum(partial, lost_raw)
@@ -239,6 +298,8 @@ def simulate(
         )
         attempts[i] += 1
         t[i] += x + detect + teardown + wait + stop + p.other_per_attempt_s[i]
+        in_place = ~(preempt_kill | graceful | node_lost)  # a relaunch in place keeps the nodes
+        down[i] = detect + teardown + np.where(in_place, wait, 0.0) + stop + p.other_per_attempt_s[i]
 
         new_pos = pos[i] + np.where(done, rem, rel)
         corrupted = ~done & (new_pos > 0)
@@ -249,12 +310,17 @@ def simulate(
         pos[i] = new_pos
         cold[i] = node_lost | graceful | preempt_kill
         failures[i] += hard & ~preempt_kill
+        hard_stops[i] += hard
+        from_memory[i] += memory[i]
         preemptions[i] += graceful | preempt_kill
         # A graceful stop inside the final save has saved everything: the job is over.
         finished = done | (graceful & (new_pos >= work[i] - 1e-9))
         active = i[~finished]
     else:
-        raise RuntimeError(f"the simulation did not finish within {max_iterations} interruptions")
+        raise SimulationTooLong(
+            f"the simulation did not finish within {max_iterations} interruptions of one replica: the job "
+            "makes (almost) no progress at this setting (plan/budget.py)"
+        )
 
     correct = np.minimum(violated, work)
     bucket["after_violation"] = (work - correct) / scale
@@ -263,4 +329,6 @@ def simulate(
     extra = (work + bucket["lost_work"]) * (1.0 - 1.0 / scale)
     bucket["lost_work"] = bucket["lost_work"] / scale
     bucket["other"] = bucket["other"] + extra
-    return SimResult(t, p.work_s.copy(), useful, bucket, failures, preemptions, recovery)
+    return SimResult(
+        t, p.work_s.copy(), useful, bucket, failures, preemptions, recovery, hard_stops, from_memory
+    )

@@ -9,9 +9,11 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
+from truestep.plan.budget import ITERATION_SLACK, MAX_INTERRUPTIONS, check_setting, fits
 from truestep.plan.build import Assembled
 from truestep.plan.formulas import daly_interval, young_interval
 from truestep.plan.inputs import PlanInputs, get, put
@@ -26,6 +28,9 @@ from truestep.plan.scenario import (
     variant,
 )
 from truestep.plan.simulate import SIM_BUCKETS, SimResult, concat, simulate
+
+if TYPE_CHECKING:
+    from truestep.plan.snapshots import SnapshotStudy
 
 SWEEP_GPUS = (64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 100000)
 SENSITIVE = (
@@ -135,32 +140,28 @@ class PlanResult:
     """Mean correct goodput with the costs measured at another scale as measured, and at truestep's
     at-scale assumptions (Assembled.unscaled), side by side at the headline's interval; None when every
     cost was measured at the target's size, extrapolated, set or assumed."""
+    snapshots: SnapshotStudy | None = None
+    """Peer snapshots off vs every k steps (plan/snapshots.py); None without a step time."""
 
 
-def _run(settings: list[PlanInputs], intervals: list[float], replicas: int, seed: int) -> list[SimResult]:
-    """Simulate settings side by side (common random numbers) and split the result per setting."""
+def _run(
+    settings: list[PlanInputs], intervals: list[float], replicas: int, seed: int, what: str = "the plan"
+) -> list[SimResult]:
+    """Simulate settings side by side (common random numbers) and split the result per setting; a
+    setting the simulation cannot finish in bounded time is refused first (plan/budget.py)."""
+    for s, t in zip(settings, intervals, strict=True):
+        check_setting(s, t, what)
     res = simulate(
-        concat([params(s, replicas, t) for s, t in zip(settings, intervals, strict=True)]), seed, replicas
+        concat([params(s, replicas, t) for s, t in zip(settings, intervals, strict=True)]),
+        seed,
+        replicas,
+        max_iterations=MAX_INTERRUPTIONS * ITERATION_SLACK,
     )
-    out = []
-    for j in range(len(settings)):
-        sl = slice(j * replicas, (j + 1) * replicas)
-        out.append(
-            SimResult(
-                res.wall_s[sl],
-                res.work_s[sl],
-                res.correct_s[sl],
-                {k: v[sl] for k, v in res.badput_s.items()},
-                res.failures[sl],
-                res.preemptions[sl],
-                res.recovery_s[sl],
-            )
-        )
-    return out
+    return [res.part(slice(j * replicas, (j + 1) * replicas)) for j in range(len(settings))]
 
 
 def headline(inputs: PlanInputs, interval_s: float) -> Headline:
-    r = _run([inputs], [interval_s], inputs.job.replicas, inputs.job.seed)[0]
+    r = _run([inputs], [interval_s], inputs.job.replicas, inputs.job.seed, "the headline")[0]
     interruptions = r.failures + r.preemptions
     hit = interruptions > 0
     mttr = stat(r.recovery_s[hit] / interruptions[hit]) if hit.sum() > 1 else Stat(0.0, 0.0, 0.0, 0.0)
@@ -198,13 +199,26 @@ def _fit_optimum(taus: np.ndarray, walls: np.ndarray) -> np.ndarray:
     return out
 
 
-def interval_sweep(inputs: PlanInputs, replicas: int) -> IntervalSweep:
+def _left_out(notes: list[str] | None, what: str, names: list[str]) -> None:
+    if names and notes is not None:
+        notes.append(
+            f"{what} leaves out {', '.join(names)}: a replica would see more than {MAX_INTERRUPTIONS} "
+            "interruptions there (plan/budget.py)"
+        )
+
+
+def interval_sweep(inputs: PlanInputs, replicas: int, notes: list[str] | None = None) -> IntervalSweep:
+    """Goodput at 15 intervals around Daly's (those the simulation can finish: `notes` says which were
+    left out), the simulated optimum with its bootstrap range, Young's and Daly's."""
     center = daly_for(inputs)
-    grid = sorted(
-        {round_interval(inputs, center * f) for f in np.exp(np.linspace(math.log(1 / 6), math.log(6), 15))}
-    )
+    factors = np.exp(np.linspace(math.log(1 / 6), math.log(6), 15))
+    every = sorted({round_interval(inputs, center * f) for f in factors})
+    grid = [t for t in every if fits(inputs, t)]
+    if not grid:
+        check_setting(inputs, center, "the interval sweep")  # refuses: no interval can be simulated
+    _left_out(notes, "the interval sweep", [f"{t:.3g} s" for t in every if t not in grid])
     taus = np.array(grid)
-    runs = _run([inputs] * len(grid), grid, replicas, inputs.job.seed + 1)
+    runs = _run([inputs] * len(grid), grid, replicas, inputs.job.seed + 1, "the interval sweep")
     walls = np.stack([r.wall_s for r in runs])  # (taus, replicas)
     optimum = float(_fit_optimum(taus, walls.mean(axis=1, keepdims=True))[0])
     rng = np.random.default_rng(inputs.job.seed + 2)
@@ -229,13 +243,25 @@ def interval_sweep(inputs: PlanInputs, replicas: int) -> IntervalSweep:
     )
 
 
-def mechanisms(inputs: PlanInputs, replicas: int) -> dict[str, tuple[Stat, Stat, float]]:
-    settings = [variant(inputs, name) for name in VARIANTS]
-    taus = [_interval(inputs, s) for s in settings]
-    runs = _run(settings, taus, replicas, inputs.job.seed + 3)
+def mechanisms(
+    inputs: PlanInputs, replicas: int, notes: list[str] | None = None
+) -> dict[str, tuple[Stat, Stat, float]]:
+    """Each variant (all on, then each mechanism off) at its interval; a variant the simulation cannot
+    finish is left out and named in `notes` (all on never is: it is the job planned)."""
+    every = {name: variant(inputs, name) for name in VARIANTS}
+    taus = {name: _interval(inputs, s) for name, s in every.items()}
+    names = [n for n in VARIANTS if n == "all on" or fits(every[n], taus[n])]
+    _left_out(notes, "the mechanism table", [n for n in VARIANTS if n not in names])
+    runs = _run(
+        [every[n] for n in names],
+        [taus[n] for n in names],
+        replicas,
+        inputs.job.seed + 3,
+        "the mechanism table",
+    )
     return {
-        name: (stat(r.plain_goodput), stat(r.correct_goodput), t)
-        for name, r, t in zip(VARIANTS, runs, taus, strict=True)
+        name: (stat(r.plain_goodput), stat(r.correct_goodput), taus[name])
+        for name, r in zip(names, runs, strict=True)
     }
 
 
@@ -245,8 +271,12 @@ def _interval(user: PlanInputs, setting: PlanInputs) -> float:
     return round_interval(setting, planned) if planned > 0 else daly_for(setting)
 
 
-def sensitivity(inputs: PlanInputs, interval_s: float, replicas: int) -> tuple[float, list[SensitivityRow]]:
-    settings, taus, rows = [inputs], [interval_s], []
+def sensitivity(
+    inputs: PlanInputs, interval_s: float, replicas: int, notes: list[str] | None = None
+) -> tuple[float, list[SensitivityRow]]:
+    """Correct goodput with each input at 50 % and 150 % (and the interval); an input whose change the
+    simulation cannot finish is left out and named in `notes`."""
+    settings, taus, rows, dropped = [inputs], [interval_s], [], []
     keys = [k for k in SENSITIVE if get(inputs, k) > 0]
     if inputs.failures.model == "llama3":
         keys = [
@@ -254,45 +284,63 @@ def sensitivity(inputs: PlanInputs, interval_s: float, replicas: int) -> tuple[f
             for k in keys
             if k not in ("failures.gpu_mtbf_hours", "failures.hang_fraction", "failures.node_loss_fraction")
         ]
-    for key in keys:
+    for key in list(keys):
+        pair = []
         for factor in (0.5, 1.5):
             changed = copy.deepcopy(inputs)
             value = get(inputs, key) * factor
             put(changed, key, min(value, 1.0) if key.endswith("_fraction") else value)
-            settings.append(changed)
-            taus.append(interval_s)
-    for factor in (0.5, 1.5):
-        settings.append(inputs)
-        taus.append(round_interval(inputs, interval_s * factor))
-    runs = _run(settings, taus, replicas, inputs.job.seed + 4)
+            pair.append(changed)
+        if not all(fits(s, interval_s) for s in pair):
+            keys.remove(key)
+            dropped.append(key)
+            continue
+        settings += pair
+        taus += [interval_s, interval_s]
+    pair_taus = [round_interval(inputs, interval_s * factor) for factor in (0.5, 1.5)]
+    if all(fits(inputs, t) for t in pair_taus):
+        settings += [inputs, inputs]
+        taus += pair_taus
+    else:
+        dropped.append("job.checkpoint_interval_s")
+    _left_out(notes, "the sensitivity table", dropped)
+    runs = _run(settings, taus, replicas, inputs.job.seed + 4, "the sensitivity table")
     means = [float(r.correct_goodput.mean()) for r in runs]
-    for n, key in enumerate([*keys, "job.checkpoint_interval_s"]):
+    rowed = [*keys] + ([] if "job.checkpoint_interval_s" in dropped else ["job.checkpoint_interval_s"])
+    for n, key in enumerate(rowed):
         value = interval_s if key == "job.checkpoint_interval_s" else float(get(inputs, key))
         rows.append(SensitivityRow(key, value, means[1 + 2 * n], means[2 + 2 * n]))
     rows.sort(key=lambda row: -abs(row.high - row.low))
     return means[0], rows
 
 
-def gpu_sweep(a: Assembled, replicas: int) -> dict[str, list[float]]:
-    settings, taus, names = [], [], []
+def gpu_sweep(a: Assembled, replicas: int) -> tuple[list[int], dict[str, list[float]]]:
+    """Correct goodput of every variant at each GPU count of SWEEP_GPUS the simulation can finish in
+    bounded time (plan/budget.py); the sizes left out are said in a note."""
+    settings, taus, names, sizes, dropped = [], [], [], [], []
     for gpus in SWEEP_GPUS:
         at = copy.deepcopy(a.inputs)
         at.job.gpus = gpus
         for key, value in a.costs.at(gpus).items():
             put(at, f"costs.{key}", value)
-        for name in VARIANTS:
-            s = variant(at, name)
-            settings.append(s)
-            taus.append(_interval(a.inputs, s))
-            names.append(name)
-    runs = _run(settings, taus, replicas, a.inputs.job.seed + 5)
+        variants = [variant(at, name) for name in VARIANTS]
+        intervals = [_interval(a.inputs, s) for s in variants]
+        if not all(fits(s, t) for s, t in zip(variants, intervals, strict=True)):
+            dropped.append(gpus)
+            continue
+        sizes.append(gpus)
+        settings += variants
+        taus += intervals
+        names += list(VARIANTS)
+    _left_out(a.notes, "goodput vs GPU count", [f"{g} GPUs" for g in dropped])
+    runs = _run(settings, taus, replicas, a.inputs.job.seed + 5, "goodput vs GPU count") if settings else []
     curves: dict[str, list[float]] = {name: [] for name in VARIANTS}
     curves["plain (all on)"] = []
     for name, r in zip(names, runs, strict=True):
         curves[name].append(float(r.correct_goodput.mean()))
         if name == "all on":
             curves["plain (all on)"].append(float(r.plain_goodput.mean()))
-    return curves
+    return sizes, curves
 
 
 class _Timer:
@@ -322,26 +370,35 @@ def make_plan(
     """Everything the report shows. `sweep_replicas`: replicas per setting of the sweeps and tables."""
     inputs, timer = a.inputs, _Timer(progress)
     small = min(sweep_replicas, inputs.job.replicas)
-    with timer("checkpoint interval sweep"):
-        sweep = interval_sweep(inputs, small)
     planned = planned_interval(inputs)
+    # Refuse a job that cannot be simulated before simulating anything (plan/budget.py).
+    check_setting(
+        inputs, round_interval(inputs, planned) if planned > 0 else daly_for(inputs), "the headline"
+    )
+    with timer("checkpoint interval sweep"):
+        sweep = interval_sweep(inputs, small, a.notes)
     chosen = round_interval(inputs, planned) if planned > 0 else sweep.optimum_s
     with timer("headline"):
         head = headline(inputs, chosen)
     with timer("mechanisms"):
-        mech = mechanisms(inputs, small)
+        mech = mechanisms(inputs, small, a.notes)
     with timer("sensitivity"):
-        base, rows = sensitivity(inputs, chosen, small)
+        base, rows = sensitivity(inputs, chosen, small, a.notes)
     with timer("goodput vs GPU count"):
-        curves = gpu_sweep(a, max(50, small // 2))
+        sizes, curves = gpu_sweep(a, max(50, small // 2))
     unscaled = None
     if a.unscaled:
         with timer("costs measured at another scale"):
             assumed = copy.deepcopy(inputs)
             for key, (_, high) in a.unscaled.items():
                 put(assumed, key, high)
-            runs = _run([inputs, assumed], [chosen, chosen], small, inputs.job.seed + 6)
+            runs = _run([inputs, assumed], [chosen, chosen], small, inputs.job.seed + 6, "the unscaled costs")
             unscaled = (float(runs[0].correct_goodput.mean()), float(runs[1].correct_goodput.mean()))
-    result = PlanResult(head, sweep, mech, rows, base, list(SWEEP_GPUS), curves, timer.timings)
+    from truestep.plan.snapshots import snapshot_study  # it runs settings through _run, here
+
+    with timer("peer snapshots"):
+        snaps = snapshot_study(a, chosen, small)
+    result = PlanResult(head, sweep, mech, rows, base, sizes, curves, timer.timings)
     result.unscaled_correct = unscaled
+    result.snapshots = snaps
     return result

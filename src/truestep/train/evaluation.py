@@ -3,7 +3,8 @@ windows from a prepared data directory.
 
 Deterministic by construction: the windows are always the first `eval.samples` of `eval.path`, in
 order; data-parallel rank r takes every dp-th one from r; each rank sums its per-token losses in
-float64, and one all-reduce over the data-parallel group adds the sums. No random number is drawn
+float64, and one all-reduce over the data-parallel group adds the sums. Chat data (a loss mask) counts
+the trained tokens only: the mean over the assistant's tokens, as training's loss. No random number is drawn
 (the model is put in eval mode, so dropout is off), so evaluating does not change the trajectory, and
 weights restored bit for bit evaluate bit for bit the same.
 """
@@ -23,6 +24,7 @@ from torch import nn
 from truestep.config.errors import ConfigError
 from truestep.config.schema import JobConfig
 from truestep.data import TokenDataset
+from truestep.data.loader import IGNORE_INDEX
 from truestep.parallel.dist import DistContext
 from truestep.parallel.parallelize import reshard
 
@@ -54,6 +56,12 @@ class Evaluator:
                 f"eval.path vocabulary ({self.dataset.vocab_size}) exceeds model.vocab_size={model_vocab}: "
                 "prepare the held-out data with the training data's tokenizer"
             )
+        if self.dataset.has_mask and not self.dataset.masks(list(range(e.samples)))[:, 1:].any():
+            # Its loss would be 0/0: refused here rather than logged as a number that means nothing.
+            raise ConfigError(
+                f"eval.path {e.path} is chat data whose first eval.samples={e.samples} windows train no "
+                "token (no assistant turn in them): raise eval.samples or prepare other held-out chats"
+            )
         self.indices = list(range(ctx.dp_rank, e.samples, ctx.dp))
         self.batch_size = e.batch_size
         self.ctx = ctx
@@ -68,12 +76,16 @@ class Evaluator:
         total = torch.zeros(2, dtype=torch.float64, device=device)  # loss sum, target tokens
         try:
             for start in range(0, len(self.indices), self.batch_size):
-                rows = torch.from_numpy(self.dataset.samples(self.indices[start : start + self.batch_size]))
+                indices = self.indices[start : start + self.batch_size]
+                rows = torch.from_numpy(self.dataset.samples(indices))
                 inputs, targets = rows[:, :-1].to(device), rows[:, 1:].to(device)
+                if self.dataset.has_mask:
+                    kept = torch.from_numpy(self.dataset.masks(indices)[:, 1:] != 0).to(device)
+                    targets = torch.where(kept, targets, IGNORE_INDEX)
                 logits = model(inputs)
                 loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction="sum")
                 total[0] += loss.double()
-                total[1] += targets.numel()
+                total[1] += int((targets != IGNORE_INDEX).sum())
         finally:
             model.train(was_training)
             reshard(model)  # a forward without a backward leaves FSDP's root gathered

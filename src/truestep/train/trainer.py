@@ -16,8 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
-import torch.nn.functional as F
 from torch.distributed.checkpoint.state_dict import (
     get_model_state_dict,
     get_optimizer_state_dict,
@@ -29,6 +27,7 @@ from torch.distributed.fsdp import FSDPModule
 import truestep
 from truestep.checkpoint.catalog import committed_dirs, run_checkpoint_root
 from truestep.checkpoint.init_from import precheck_init_from
+from truestep.checkpoint.ownership import current_run_id
 from truestep.checkpoint.resolver import ResumeError
 from truestep.checkpoint.restored import RngPolicy
 from truestep.checkpoint.state import RankState
@@ -52,8 +51,10 @@ from truestep.telemetry import startup
 from truestep.telemetry.digest import param_digest
 from truestep.telemetry.run_logs import RunLogs
 from truestep.train.emulation import GradientNoise, RestoreError
+from truestep.train.loss import StepLoss
 from truestep.train.memory_check import check_memory
 from truestep.train.optimizer import build_optimizer, set_lr
+from truestep.train.provenance import provenance
 from truestep.train.rng import capture_rng, restore_rng, seed_streams
 from truestep.train.schedule import lr_at
 
@@ -177,6 +178,8 @@ class Trainer:
             data=self.cfg.data.path
             or ", ".join(f"{s.path} ({s.weight:g})" for s in self.cfg.data.sources)
             or "built-in demo corpus",
+            run_id=current_run_id(self.run_dir),  # whose logs these are (analysis/provenance.py)
+            provenance=provenance(self.loader, self.cfg.checkpoint.init_from, self.state.step == 0),
             startup_phases=startup.snapshot(),  # seconds: import, build, init, verify, load
         )
 
@@ -195,22 +198,22 @@ class Trainer:
         set_lr(self.optimizer, lr)
         self.model.train()
         local_loss = torch.zeros((), dtype=torch.float32, device=self.ctx.device)
+        # Pretraining: the mean of the micro-batches' means; chat data: each micro-batch's loss sum over
+        # its trained tokens, divided by the global batch's count of them (train/loss.py).
+        losses = StepLoss(microbatches, self.ctx, self.loader.loss_masked)
         count = len(microbatches)
         for index, (inputs, targets) in enumerate(microbatches):
             self._sync_grads(index == count - 1)
             logits = self.model(inputs.to(self.ctx.device))
-            loss = F.cross_entropy(logits.flatten(0, 1), targets.to(self.ctx.device).flatten())
+            loss = losses.microbatch(logits, targets.to(self.ctx.device))
             if index == 0 and poison_loss(self.state.step + 1):
                 loss = loss * float("nan")
-            (loss / count).backward()
+            losses.for_backward(loss).backward()
             local_loss += loss.detach()
         if self.gradient_noise is not None:
             self.gradient_noise.perturb(self.params, self.state.step)
         grad_norm = clip_grad_norm(self.params, self.cfg.train.grad_clip, self.ctx)
-        global_loss = local_loss / count
-        if self.ctx.distributed and self.ctx.dp > 1:
-            dist.all_reduce(global_loss, op=dist.ReduceOp.SUM, group=self.ctx.dp_group())
-            global_loss /= self.ctx.dp
+        global_loss = losses.global_loss(local_loss)
         # Both values are global (all-reduced), so every rank takes the same decision without a vote.
         skip = self.cfg.resilience.nan_guard and not bool(
             torch.isfinite(grad_norm) & torch.isfinite(global_loss)

@@ -98,6 +98,11 @@ class StepView:
         """The loader's position: the next global batch (layout-invariant by design)."""
         return self._trainer.loader.state_dict()
 
+    @property
+    def loss_masked(self) -> bool:
+        """Whether the data masks the loss (chat data: train/loss.py)."""
+        return self._trainer.loader.loss_masked
+
     def peek_batch(self) -> Batch:
         """This rank's micro-batches of the next step; the loader is put back (nothing moves)."""
         loader = self._trainer.loader

@@ -11,10 +11,11 @@ from typing import Any
 
 from truestep.analysis.goodput import BUCKETS
 from truestep.analysis.idle import IDLE_KINDS
-from truestep.analysis.mttr import PHASES
+from truestep.analysis.mttr import PHASES, Incident
+from truestep.analysis.restores import StepsLost
 
 __all__ = ["BADPUT_ORDER", "PHASES", "PHASE_LABELS", "finite", "fmt_dev", "fmt_pct", "fmt_rate"]
-__all__ += ["fmt_seconds", "fmt_step", "plural"]
+__all__ += ["fmt_restore", "fmt_seconds", "fmt_step", "fmt_steps_lost", "plural"]
 
 BADPUT_ORDER = (*BUCKETS, *IDLE_KINDS, "other")
 """The badput table's rows: the analysis's buckets, then the remainder."""
@@ -81,3 +82,20 @@ def fmt_step(x: int | None) -> str:
 
 def plural(n: int, word: str) -> str:
     return f"{n} {word}" + ("" if n == 1 else "s")
+
+
+def fmt_steps_lost(lost: StepsLost) -> str:
+    """'1, 6 (mean 3.5; 1 from memory, 1 from disk)'; '—' without a recovery."""
+    if not lost.sources:
+        return "— (no recovery)"
+    each = ", ".join("?" if n is None else str(n) for n in lost.per_recovery)
+    where = "; ".join(f"{n} from {source}" for source, n in lost.by_source().items())
+    mean = f"mean {lost.mean:.3g}; " if lost.mean is not None and len(lost.per_recovery) > 1 else ""
+    return f"{each} ({mean}{where})"
+
+
+def fmt_restore(incident: Incident) -> str:
+    """The restore within an incident's `restore` phase: '0.21 s from memory', '— (fresh start)'."""
+    if incident.restore_source is None:
+        return "— (fresh start)" if incident.phases_s.get("first_step") is not None else "—"
+    return f"{fmt_seconds(incident.restore_s)} from {incident.restore_source}"

@@ -13,8 +13,9 @@ from truestep.analysis.report.format import fmt_pct, fmt_seconds, fmt_step
 from truestep.analysis.summary import ExperimentSummary, GroupSummary, RunAnalysis
 
 PASS_RULE = (
-    "the experiment passes when every faulted run and every all-on ablation cell is trajectory-preserving; "
-    "a cell with one mechanism off is expected to be flagged."
+    "the experiment passes when every faulted run and every all-on ablation cell is trajectory-preserving "
+    "(and every cost-row cell: peer snapshots off); a cell with one correctness mechanism off is expected "
+    "to be flagged."
 )
 
 

@@ -4,9 +4,10 @@ here) and, per group, the floor, the faulted runs and the ablation cells in a fe
 from __future__ import annotations
 
 from truestep.analysis.floor import LOSS, FloorModel
+from truestep.analysis.report.cost_rows import cost_sentences
 from truestep.analysis.report.format import fmt_dev, fmt_rate, fmt_seconds, fmt_step, plural
 from truestep.analysis.summary import ExperimentSummary, GroupSummary, RunAnalysis
-from truestep.analysis.verdict import Status
+from truestep.analysis.verdict import MUST_PRESERVE_ROWS, Status
 
 
 def floor_sentence(floor: FloorModel) -> str:
@@ -99,14 +100,14 @@ def ablation_sentences(group: GroupSummary) -> list[str]:
         )
     elif all_on:
         parts.append("The all-on cells stayed correct.")
-    quiet = [c for c in cells if c.row != "all-on" and not c.flagged]
+    quiet = [c for c in cells if c.row not in MUST_PRESERVE_ROWS and not c.flagged]
     if quiet:
         parts.append(
             "Not flagged although a mechanism was off (the switch had no observable effect in that cell): "
             + ", ".join(f"{c.row}/{c.mode}" for c in quiet)
             + "."
         )
-    return parts
+    return parts + cost_sentences(group)
 
 
 def group_sentences(group: GroupSummary) -> list[str]:

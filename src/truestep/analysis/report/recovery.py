@@ -1,5 +1,7 @@
-"""What each run's recovery path did, from its event log: every checkpoint restored (which, how long,
-whether the layout changed), quarantined (why) or set aside, every fresh start and NaN rollback. A
+"""What each run's recovery path did, from its event log: every restore from disk (which checkpoint, how
+long, whether the layout changed) or from peers' memory (how long, which ranks came from a buddy's copy),
+the steps each lost, a memory restore that was not possible (why), every checkpoint quarantined (why) or
+set aside, every fresh start and NaN rollback. A
 quarantine followed by a restore of an older step is the proof that the fall-back worked, so the report
 lists it in the run's own section instead of leaving it to events.jsonl."""
 
@@ -17,13 +19,29 @@ from truestep.core.names import EVENTS_FILE
 from truestep.telemetry.jsonl import read_jsonl
 
 
+def _lost(e: dict[str, Any]) -> str:
+    lost = e.get("steps_lost")
+    return f"; {lost} step(s) lost" if isinstance(lost, int) and not isinstance(lost, bool) else ""
+
+
 def _restore(e: dict[str, Any]) -> str:
     detail = f"from `{Path(str(e.get('path', '?'))).name}` in {fmt_seconds(e.get('restore_s'))}"
-    return detail + (", layout changed" if e.get("layout_changed") else "")
+    return detail + (", layout changed" if e.get("layout_changed") else "") + _lost(e)
+
+
+def _memory_restore(e: dict[str, Any]) -> str:
+    moved = e.get("from_buddies")
+    replaced = ", ".join(f"rank {r}" for r in moved) if isinstance(moved, list) and moved else "none"
+    return (
+        f"from peers' memory in {fmt_seconds(e.get('restore_s'))} (replaced from a buddy's copy: {replaced})"
+        + _lost(e)
+    )
 
 
 WORDS = {
     "checkpoint_restore": ("restored", _restore),
+    "memory_restore": ("restored from memory", _memory_restore),
+    "memory_restore_skipped": ("memory not used", lambda e: f"recovering from disk: {e.get('reason', '')}"),
     "checkpoint_quarantined": ("quarantined", lambda e: str(e.get("reason", ""))),
     "checkpoint_set_aside": ("set aside", lambda e: str(e.get("reason", ""))),
     "fresh_start": ("fresh start", lambda e: str(e.get("reason", ""))),

@@ -8,14 +8,17 @@ import math
 
 from truestep.analysis.floor import LOSS, FloorModel
 from truestep.analysis.report.blocks import Block, Heading, Para, Table, kv_table
+from truestep.analysis.report.cost_rows import cost_blocks
 from truestep.analysis.report.format import (
     BADPUT_ORDER,
     PHASES,
     fmt_dev,
     fmt_pct,
     fmt_rate,
+    fmt_restore,
     fmt_seconds,
     fmt_step,
+    fmt_steps_lost,
 )
 from truestep.analysis.summary import ExperimentSummary, GroupSummary, RunAnalysis
 
@@ -175,6 +178,7 @@ def goodput_blocks(run: RunAnalysis) -> list[Block]:
         ("correct goodput", fmt_rate(correct)),
         ("correct / plain", fmt_pct(correct / plain) if plain else "—"),
         ("useful training time", fmt_seconds(gp.useful_s)),
+        ("steps lost per recovery (restored from)", fmt_steps_lost(gp.steps_lost)),
     ]
     wall = gp.wall_s
 
@@ -207,7 +211,9 @@ MTTR_TEXT = (
     "the rank's last sign of health the supervisor recorded), or a relaunch after a preemption or a "
     "job that vanished (from the first signal, or its last record) --: fault → detected → all ranks "
     "down → relaunched → restored → first new step (MTTR), and fault → the pre-fault step reached "
-    "again (regain). — = the run never got there, or the moment is not known."
+    "again (regain). — = the run never got there, or the moment is not known. Restore: the restore "
+    "itself within start + restore, and where it came from (peers' memory or a checkpoint on disk); "
+    "steps lost: steps done before the incident and done again after it."
 )
 
 
@@ -219,6 +225,7 @@ def mttr_blocks(run: RunAnalysis, explain: bool = True) -> list[Block]:
         [str(n), inc.kind, inc.origin, str(inc.pre_fault_step)]
         + [fmt_seconds(inc.phases_s[p]) for p in PHASES]
         + [fmt_seconds(inc.mttr_s), fmt_seconds(inc.regain_s)]
+        + [fmt_restore(inc), fmt_step(inc.steps_lost)]
         for n, inc in enumerate(run.incidents, 1)
     ]
     return [
@@ -226,7 +233,7 @@ def mttr_blocks(run: RunAnalysis, explain: bool = True) -> list[Block]:
         *([Para(MTTR_TEXT)] if explain else []),
         Table(
             ["#", "kind", "origin", "pre-fault step", "detect", "teardown", "relaunch", "start + restore"]
-            + ["first step", "MTTR", "regain"],
+            + ["first step", "MTTR", "regain", "restore", "steps lost"],
             rows,
         ),
     ]
@@ -282,13 +289,14 @@ def ablation_blocks(group: GroupSummary) -> list[Block]:
         Para(
             "Each row switches one recovery mechanism off; each mode recovers from a graceful preemption or a "
             f"hard failure. A cell is flagged when {rule}. A correct instrument flags the rows whose mechanism "
-            "matters and never the all-on row."
+            "matters and never the all-on row" + (" nor a cost row (below)." if cost_blocks(group) else ".")
         ),
         Table(["row", *modes], [[f"`{r}`", *[cell(r, m) for m in modes]] for r in rows]),
         Table(
             ["row", "mode", "flagged", "verdict", "first divergent", "plain goodput", "correct goodput"],
             detail,
         ),
+        *cost_blocks(group),
     ]
 
 

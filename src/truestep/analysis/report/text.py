@@ -11,8 +11,10 @@ from truestep.analysis.report.format import (
     fmt_dev,
     fmt_pct,
     fmt_rate,
+    fmt_restore,
     fmt_seconds,
     fmt_step,
+    fmt_steps_lost,
     plural,
 )
 from truestep.analysis.report.sections import digest_text
@@ -86,6 +88,8 @@ def render_run_text(run: RunAnalysis, sections: Iterable[str] | None = None) -> 
                 else ""
             ),
         )
+        if gp.steps_lost.sources:
+            row("", f"steps lost per recovery: {fmt_steps_lost(gp.steps_lost)}")
     if "badput" in want:
         shown = [
             f"{k.replace('_', ' ')} {fmt_seconds(gp.badput_s[k])}" for k in BADPUT_ORDER if gp.badput_s[k]
@@ -104,7 +108,8 @@ def render_run_text(run: RunAnalysis, sections: Iterable[str] | None = None) -> 
             row(
                 "mttr",
                 f"{inc.kind}{origin} at step {inc.pre_fault_step}: {fmt_seconds(inc.mttr_s)} = {parts}; "
-                f"regained after {fmt_seconds(inc.regain_s)}"
+                f"regained after {fmt_seconds(inc.regain_s)}; restore {fmt_restore(inc)}, "
+                f"{fmt_step(inc.steps_lost)} step(s) lost"
                 + (f"; the new attempt's start-up: {inside}" if inside else ""),
             )
     if "checkpoint" in want:

@@ -46,6 +46,8 @@ class _Pending:
     capture_s: float = 0.0
     replicate_s: float = 0.0
     nbytes: int = 0
+    wait_s: float = 0.0
+    """How long the optimizer update waited for the capture: the part of a snapshot's cost inside a step."""
 
 
 class Snapshotter:
@@ -85,8 +87,11 @@ class Snapshotter:
 
     def wait_captured(self) -> None:
         """Before an optimizer step: the copy of the state it is about to change must be taken."""
-        if self.pending is not None:
-            self.pending.captured.wait()
+        pending = self.pending
+        if pending is not None and not pending.captured.is_set():
+            began = time.perf_counter()
+            pending.captured.wait()
+            pending.wait_s += time.perf_counter() - began
 
     def agree(self) -> None:
         """Collective: this rank's part done, then every rank's (a MIN all-reduce of the step held)."""
@@ -104,6 +109,7 @@ class Snapshotter:
             "capture_s": pending.capture_s,
             "replicate_s": pending.replicate_s,
             "blocked_s": time.perf_counter() - began,
+            "wait_s": pending.wait_s,
             "bytes": pending.nbytes,
         }
         if held == pending.step:

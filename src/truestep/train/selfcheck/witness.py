@@ -23,8 +23,6 @@ import time
 from typing import TYPE_CHECKING, Any
 
 import torch
-import torch.distributed as dist
-import torch.nn.functional as F
 
 from truestep.checkpoint.restored import GRACEFUL_SAVE_REASONS, Restored
 from truestep.core.names import EVENTS_FILE
@@ -34,6 +32,7 @@ from truestep.telemetry.digest import gather_digest, optimizer_digest
 from truestep.telemetry.jsonl import iter_jsonl
 from truestep.telemetry.lines import same_bits
 from truestep.train.hooks.base import Hook, Slot
+from truestep.train.loss import StepLoss
 from truestep.train.rng import capture_rng, restore_rng
 from truestep.train.schedule import lr_at
 from truestep.train.selfcheck.evidence import Seen, bitwise_platform
@@ -80,16 +79,14 @@ def forward_loss(view: StepView, microbatches: Batch) -> float:
     saved = capture_rng()
     model, ctx = view.model, view.ctx
     model.train()
+    losses = StepLoss(microbatches, ctx, view.loss_masked)
     total = torch.zeros((), dtype=torch.float32, device=ctx.device)
     with torch.no_grad():
         for inputs, targets in microbatches:
             logits = model(inputs.to(ctx.device))
-            total += F.cross_entropy(logits.flatten(0, 1), targets.to(ctx.device).flatten())
+            total += losses.microbatch(logits, targets.to(ctx.device))
     reshard(model)  # a forward without backward leaves the FSDP2 root gathered
-    loss = total / len(microbatches)
-    if ctx.distributed and ctx.dp > 1:
-        dist.all_reduce(loss, op=dist.ReduceOp.SUM, group=ctx.dp_group())
-        loss /= ctx.dp
+    loss = losses.global_loss(total)
     restore_rng(saved)
     return float(loss.item())
 

@@ -1,12 +1,14 @@
-"""The run events the figures mark: resumes from a checkpoint and injected faults, by step."""
+"""The run events the figures mark: resumes (from a checkpoint or from peers' memory) and injected faults,
+by step."""
 
 from __future__ import annotations
 
+from truestep.analysis.restores import restore_events
 from truestep.analysis.runlog import RunLog
 
 
 def resume_steps(run: RunLog) -> list[int]:
-    return [int(e["step"]) for e in run.named("checkpoint_restore") if e.get("step") is not None]
+    return [int(e["step"]) for e in restore_events(run) if e.get("step") is not None]
 
 
 def fault_steps(run: RunLog) -> list[tuple[int, str]]:
