@@ -99,7 +99,8 @@ def test_a_hung_rank_is_restored_from_its_buddys_memory(reference: Path, tmp_pat
     os.kill(wait_until_held(run, rank=1), signal.SIGSTOP)
     assert finish(proc) == 0, finish.last_output  # type: ignore[attr-defined]
     failure = supervisor_events(run, "failure_detected")[0]
-    assert failure["kind"] == "stale_heartbeat" and failure["rank"] == 1
+    # A stopped rank's heartbeat goes stale and /proc shows it stopped: either may be seen first.
+    assert failure["kind"] in ("stale_heartbeat", "process_stopped") and failure["rank"] == 1, failure
     assert supervisor_events(run, "memory_lost")[0]["ranks"] == [1]
     assert_restored_from_memory(run, finish.last_output)  # type: ignore[attr-defined]
     assert_matches_reference(run, reference)
