@@ -130,6 +130,7 @@ class Bench:
         self.logs = RunLogs(run_dir, 0, enabled=True)
         self.events = EventTail(self.logs.run_dir / "events.jsonl")
         self.trainer = Trainer(self.cfg, self.ctx, self.logs, RankStatus())
+        self.trainer.initialize()  # a fresh start (the Trainer only allocates)
         self.ckpt = Checkpointer(
             run_dir / "checkpoints", self.cfg.checkpoint, self.ctx, self.logs, self.trainer.trajectory_keys,
             lambda: None, 0,

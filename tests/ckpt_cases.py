@@ -24,10 +24,13 @@ from pathlib import Path
 
 import harness
 from truestep.checkpoint.catalog import (
+    DCP_METADATA,
     MANIFEST,
     MARKER,
     QUARANTINE,
     SAVE_RECORD,
+    manifest_shard_name,
+    rank_state_name,
     step_dir_name,
     step_dirs,
     step_of,
@@ -41,9 +44,9 @@ from truestep.core.names import ENV_FAULTS as FAULTS_ENV
 RUN = ("--train.max_steps=10", "--checkpoint.interval=3")
 REFERENCE = (*RUN, "--checkpoint.keep_last_n=0")
 MAX_STEPS = 10
-SHARD = "__0_0.distcp"
-RANK0 = "rank00000.json"
-DCP_METADATA = ".metadata"
+SHARD = "__0_0.distcp"  # DCP's name for rank 0's first storage file
+RANK0 = rank_state_name(0)
+MANIFEST_SHARD0 = manifest_shard_name(0)
 JOBS = max(1, min(4, int(os.environ.get("TRUESTEP_TEST_JOBS", "0")) or (os.cpu_count() or 1)))
 
 # ----------------------------------------------------------------------------------------------
@@ -153,21 +156,26 @@ CRASH_CASES = [(point, "async") for point in CRASH_POINTS] + [
     ("save:mid-shards", "sync"),
     ("save:before-marker", "sync"),
 ]
-# What the step-6 directory holds when the process dies at each point (DCP writes the shard, then
-# the coordinator's .metadata; rank state is written before DCP starts; rank 0 writes the save record
-# once the ranks agreed on the parameter digest, before the commit).
+# What the step-6 directory holds when the process dies at each point, in the order the save writes them:
+# rank state before DCP starts; DCP's shard, then this rank's manifest shard once its items are written
+# (after save:mid-shards), then the coordinator's .metadata; rank 0's save record once the ranks agreed
+# on the parameter digest (after the write started); then manifest and marker. Names from the catalog,
+# sorted as the test lists a directory.
+_WRITTEN = [DCP_METADATA, SHARD, RANK0, MANIFEST_SHARD0, SAVE_RECORD]
 FILES_AT_CRASH = {
     "save:before-shards": [],
-    "save:mid-shards": [SHARD, RANK0],
-    "save:after-shards": [DCP_METADATA, SHARD, RANK0, SAVE_RECORD],
-    "save:before-manifest": [DCP_METADATA, SHARD, RANK0, SAVE_RECORD],
-    "save:before-marker": [DCP_METADATA, SHARD, MANIFEST, RANK0, SAVE_RECORD],
-    "save:after-marker": [DCP_METADATA, MARKER, SHARD, MANIFEST, RANK0, SAVE_RECORD],
+    "save:mid-shards": sorted([SHARD, RANK0]),
+    "save:after-shards": sorted(_WRITTEN),
+    "save:before-manifest": sorted(_WRITTEN),
+    "save:before-marker": sorted([*_WRITTEN, MANIFEST]),
+    "save:after-marker": sorted([*_WRITTEN, MANIFEST, MARKER]),
 }
 # An async save's shards are written on DCP's thread while the training thread writes the save record:
-# a crash mid-shards may come before or after the record (an uncommitted directory either way).
+# a crash mid-shards may come before or after the record (an uncommitted directory either way). In a
+# sync save the write, crash included, comes first.
 RACING_AT_CRASH = {("save:mid-shards", "async"): {SAVE_RECORD}}
-COMMITTED_FILES = sorted([DCP_METADATA, MARKER, SHARD, MANIFEST, RANK0, SAVE_RECORD])
+COMMITTED_FILES = FILES_AT_CRASH["save:after-marker"]
+"""A committed checkpoint of the one-rank tiny run."""
 
 
 @dataclass

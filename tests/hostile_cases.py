@@ -55,9 +55,10 @@ def recommit(ckpt_dir: Path, step: int | None = None, files: dict[str, dict[str,
         manifest = build_manifest(ckpt_dir, step)
     else:
         per_item = any(isinstance(entry, dict) and "items" in entry for entry in files.values())
+        sharded = any(isinstance(entry, dict) and "shard" in entry for entry in files.values())
         manifest = {
             "format": "truestep-manifest",
-            "version": 2 if per_item else 1,
+            "version": 3 if sharded else 2 if per_item else 1,
             "step": step,
             "files": files,
         }

@@ -1,6 +1,7 @@
 """A gloo rank (torch.multiprocessing.spawn) that builds the training model as the trainer does and
 writes what it got: whether every parameter, gathered whole, equals an unsharded init from the same seed
-bit for bit, before and after the fresh-start re-init. Used by tests/test_meta_init.py."""
+bit for bit, before and after the fresh-start re-init, in the configured `train.init_scheme`. Used by
+tests/test_meta_init.py."""
 
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ def differing(model: torch.nn.Module, cfg) -> list[str]:
     from truestep.model.llama import Transformer
 
     reference = Transformer(cfg.model)
-    reference.init_weights(SEED)
+    reference.init_weights(SEED, cfg.train.init_scheme)
     expected = reference.state_dict()
     got = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
     names = sorted(set(expected) | set(got))
@@ -66,7 +67,7 @@ def rank_worker(rank: int, world: int, tp: int, init_file: str, overrides: list[
         with torch.no_grad():
             for p in model.parameters():
                 p.add_(1.0)  # what a failed load could leave behind
-        init_parameters(model, SEED)
+        init_parameters(model, SEED, cfg.train.init_scheme)
         after_reset = differing(model, cfg)
         facts = {"built": built, "after_reset": after_reset, "local_numel": local_numel}
         (Path(out) / f"rank{rank}.json").write_text(json.dumps(facts))

@@ -1,16 +1,19 @@
 """Shared pieces of the scaled-integrity tests: a small DCP state saved through the training save's
-storage writer and committed with manifest v2 exactly as `Checkpointer._commit` does, and a counter of
-the bytes this process reads (the kernel's own `rchar`: every read() by any code path or thread)."""
+storage writer and committed with manifest v3 exactly as `Checkpointer._commit` does (or rewritten as
+an old v2 checkpoint), and a counter of the bytes this process reads (the kernel's own `rchar`: every
+read() by any code path or thread)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
 import torch.distributed.checkpoint as dcp
 
-from truestep.checkpoint.catalog import step_dir_name
+from truestep.checkpoint.catalog import MANIFEST, step_dir_name
 from truestep.checkpoint.manifest import write_manifest_v2, write_marker
+from truestep.checkpoint.manifest_shards import write_manifest_v3
 from truestep.checkpoint.safe_dcp import single_process
 from truestep.checkpoint.shard_writer import ShardWriter
 
@@ -46,7 +49,21 @@ def save_shards(root: Path, state: dict[str, torch.Tensor], no_dist: bool = True
 def commit(ckpt_dir: Path, writer: ShardWriter) -> None:
     """What `Checkpointer._commit` does on rank 0 (without the fence and retention)."""
     assert writer.digests is not None
-    write_marker(ckpt_dir, STEP, write_manifest_v2(ckpt_dir, STEP, writer.digests))
+    write_marker(ckpt_dir, STEP, write_manifest_v3(ckpt_dir, STEP, writer.digests))
+
+
+def rewrite_as_v2(ckpt_dir: Path) -> None:
+    """Make a committed v3 checkpoint the v2 checkpoint a save before round 3 wrote: every rank's item
+    digests in manifest.json, no manifest shards."""
+    manifest = json.loads((ckpt_dir / MANIFEST).read_text())
+    items: dict[str, list] = {}
+    for name, entry in manifest["files"].items():
+        if "rank" in entry:
+            items.update(
+                {f: e["items"] for f, e in json.loads((ckpt_dir / name).read_text())["files"].items()}
+            )
+            (ckpt_dir / name).unlink()
+    write_marker(ckpt_dir, STEP, write_manifest_v2(ckpt_dir, STEP, items))
 
 
 def shard_bytes(ckpt_dir: Path) -> int:
@@ -103,7 +120,9 @@ def rank_worker(rank: int, world: int, init_file: str, root: str, flip_rank: int
                         loaded[f"r{rank}"].view(torch.int32), state[f"r{rank}"].view(torch.int32)
                     ),
                     "target_untouched": not loaded[f"r{rank}"].any(),
-                    "digested_files": sorted(writer.digests) if writer.digests is not None else None,
+                    "digested_files": sorted(f for r in writer.digests for f in r["files"])
+                    if writer.digests is not None
+                    else None,
                 }
             )
         )

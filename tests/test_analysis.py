@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -12,6 +13,7 @@ from truestep.analysis.fidelity import compare
 from truestep.analysis.floor import measure_floor
 from truestep.analysis.goodput import checkpoint_overhead, goodput
 from truestep.analysis.mttr import incidents
+from truestep.analysis.runlog import RunLog
 from truestep.analysis.verdict import Status, judge
 
 EXACT = None
@@ -116,6 +118,20 @@ def test_mttr_phases_by_hand(tmp_path: Path) -> None:
         {"detect": 0.5, "teardown": 0.5, "relaunch": 0.1, "restore": 1.4, "first_step": 1.5}
     )
     assert inc.mttr_s == pytest.approx(4.0) and inc.regain_s == pytest.approx(4.0)
+
+
+def test_an_incident_carries_the_recovering_attempts_own_startup_phases(tmp_path: Path) -> None:
+    path = tmp_path / "run"
+    killed_and_resumed(path)
+    phases = {"import": 1.5, "build": 0.2, "init": 0.0, "verify": 0.01, "load": 0.4}
+    records = [json.loads(x) for x in (path / "events.jsonl").read_text().splitlines()]
+    for r in records:
+        if r["event"] == "run_start" and r["attempt"] == 1:
+            r["startup_phases"] = phases
+    (path / "events.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    [inc] = incidents(RunLog.load(path))
+    assert inc.startup_s == phases
+    assert incidents(killed_and_resumed(tmp_path / "older"))[0].startup_s is None  # runs before the field
 
 
 def test_fault_before_the_first_checkpoint_restarts_from_scratch(tmp_path: Path) -> None:

@@ -89,3 +89,34 @@ def test_clopper_pearson_matches_the_known_exact_intervals() -> None:
     assert clopper_pearson(5, 100) == pytest.approx((0.01643, 0.11283), abs=1e-5)
     assert clopper_pearson(20, 20) == pytest.approx((0.83157, 1.0), abs=1e-5)
     assert clopper_pearson(0, 0) == (0.0, 1.0)
+
+
+def test_cold_restart_reads_the_attempts_own_phases(tmp_path: Path) -> None:
+    from cold_restart import phases_of_last_attempt
+
+    sup = {"source": "supervisor"}
+    phases = {"import": 2.0, "build": 0.3, "init": 0.0, "verify": 0.01, "load": 1.2}
+    _write(
+        tmp_path / "events.jsonl",
+        [
+            {**sup, "time": 10.0, "event": "attempt_start", "attempt": 0},
+            {"time": 14.0, "event": "run_start", "attempt": 0, "process_start": 10.5, "startup_phases": {}},
+            {**sup, "time": 50.0, "event": "attempt_start", "attempt": 1},
+            {"time": 52.6, "event": "rendezvous", "attempt": 1, "began": 52.5, "rendezvous_s": 0.1},
+            {
+                "time": 55.0,
+                "event": "run_start",
+                "attempt": 1,
+                "process_start": 50.4,
+                "startup_phases": phases,
+            },
+        ],
+    )
+    _write(
+        tmp_path / "metrics.jsonl",
+        [{"step": 1, "attempt": 0, "time": 15.0}, {"step": 2, "attempt": 1, "time": 56.5}],
+    )
+    got = phases_of_last_attempt(tmp_path)
+    assert got == pytest.approx(
+        {"process": 0.4, "rendezvous": 0.1, **phases, "first step": 1.5, "total": 6.5}
+    )

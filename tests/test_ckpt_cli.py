@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 import harness
-from truestep.checkpoint.catalog import MARKER, QUARANTINE, step_dir_name
+from ckpt_cases import COMMITTED_FILES
+from truestep.checkpoint.catalog import MANIFEST, MARKER, QUARANTINE, step_dir_name
 from truestep.checkpoint.inspect import inspect_checkpoint, list_checkpoints
 from truestep.checkpoint.manifest import write_manifest, write_marker
 from truestep.checkpoint.resolver import quarantine_logged as quarantine
@@ -80,7 +81,7 @@ def test_list_json_on_run_dir_and_root_agree(run, capsys):
     ]
     for e in entries:
         assert e["size_bytes"] == disk_bytes(ckpt(run, e["step"]))
-        assert e["files"] == 6 and e["reason"] is None and not e["quarantined"]
+        assert e["files"] == len(COMMITTED_FILES) and e["reason"] is None and not e["quarantined"]
     assert [e["latest_hint"] for e in entries] == [True, False]
 
     rc, out_root, _ = cli(capsys, "list", run / "checkpoints", "--json")
@@ -125,7 +126,9 @@ def test_list_errors(tmp_path, capsys):
 def test_verify_ok(run, capsys):
     rc, out, err = cli(capsys, "verify", ckpt(run, 6))
     assert rc == 0 and err == ""
-    assert out.startswith(f"OK {ckpt(run, 6)}: step 6, 6 files, {disk_bytes(ckpt(run, 6))} bytes")
+    assert out.startswith(
+        f"OK {ckpt(run, 6)}: step 6, {len(COMMITTED_FILES)} files, {disk_bytes(ckpt(run, 6))} bytes"
+    )
     rc, out, _ = cli(capsys, "verify", ckpt(run, 3), "--no-checksums")
     assert rc == 0 and "checksums not checked" in out
 
@@ -175,8 +178,8 @@ def test_inspect_json(run, capsys):
     assert info["train_state"]["step"] == 6
     assert info["train_state"]["tokens_seen"] == 6 * 8 * 32
     assert info["data_position"]["next_batch"] == 6
-    assert info["files"] == 6 and info["total_bytes"] == disk_bytes(ckpt(run, 6))
-    assert info["manifest_files"] == 4  # shard, .metadata, rank state, save record
+    assert info["files"] == len(COMMITTED_FILES) and info["total_bytes"] == disk_bytes(ckpt(run, 6))
+    assert info["manifest_files"] == len(set(COMMITTED_FILES) - {MANIFEST, MARKER})  # it lists the rest
     assert info["marker"]["step"] == 6
     assert info["problems"] == []
 

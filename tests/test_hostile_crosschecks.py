@@ -182,7 +182,7 @@ def test_a_link_planted_in_a_checkpoint_being_committed_is_refused_not_published
     done: Future = Future()
     done.set_result(None)
     writer = ShardWriter(d, 4)
-    writer.digests = {}  # as if DCP had finished: the commit then lists the directory
+    writer.digests = []  # as if DCP had finished: the commit then lists the directory
     pending = PendingSave(4, d, done, time.perf_counter(), "interval", writer)
     try:
         with pytest.raises(RefusedError, match=rf"not committing .*{SHARD} is a (symlink|FIFO)"):

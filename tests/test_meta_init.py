@@ -1,7 +1,8 @@
 """The training model is built on the meta device and each rank allocates only its shards, yet every
 layout starts from exactly the weights an unsharded init from the same seed gives (bit patterns of the
-gathered parameters), on the meta path and the full-model path alike, and again after the fresh-start
-re-init (`Trainer.reset_to_initial`). What it saves in memory: benchmarks/init_memory.py."""
+gathered parameters), on the meta path and the full-model path alike, in both init schemes (blockwise:
+each rank computes its own shard's tiles only; full: the scheme before round 3), and again after the
+fresh-start re-init (`Trainer.initialize`). What it saves in memory: benchmarks/init_memory.py."""
 
 from __future__ import annotations
 
@@ -15,13 +16,16 @@ from init_cases import SEED, differing, model_config
 
 pytestmark = pytest.mark.multiprocess
 
-# (world, tp, extra overrides): FSDP only, TP only, FSDP x TP, tied embeddings under TP, the full path.
+# (world, tp, extra overrides): FSDP only, TP only, FSDP x TP (strided shards), tied embeddings under
+# TP, an odd world (every dim uneven over 3 ranks), the full-model path, and the old "full" scheme.
 CASES = {
     "fsdp2": (2, 1, []),
     "tp2": (2, 2, []),
     "fsdp2xtp2": (4, 2, []),
     "tied-fsdp2xtp2": (4, 2, ["--model.tie_embeddings=true"]),
+    "fsdp3": (3, 1, []),
     "full-fsdp2xtp2": (4, 2, ["--parallel.meta_init=false"]),
+    "scheme-full-fsdp2xtp2": (4, 2, ["--train.init_scheme=full"]),
 }
 
 
@@ -45,14 +49,13 @@ def test_every_layout_starts_from_the_unsharded_init_bit_for_bit(case: str, tmp_
 def _unsharded(extra: list[str]):
     from truestep.model.llama import Transformer
 
-    model = Transformer(model_config(extra).model)
-    model.init_weights(SEED)
-    return model
+    return Transformer(model_config(extra).model)
 
 
-def test_a_single_process_builds_the_same_model(tmp_path: Path) -> None:
+@pytest.mark.parametrize("scheme", ["blockwise", "full"])
+def test_a_single_process_builds_the_same_model(scheme: str) -> None:
     from truestep.parallel.dist import DistContext
     from truestep.parallel.parallelize import build_model
 
-    cfg = model_config([f"--train.seed={SEED}"])
+    cfg = model_config([f"--train.seed={SEED}", f"--train.init_scheme={scheme}"])
     assert differing(build_model(DistContext(), cfg), cfg) == []

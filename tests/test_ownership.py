@@ -130,7 +130,7 @@ def _committer(tmp_path: Path, job: str, incarnation: int) -> tuple[Checkpointer
     done: Future = Future()
     done.set_result(None)
     writer = ShardWriter(ckpt_dir, 4)
-    writer.digests = {}  # as if DCP had finished a save of no shards: the commit lists the directory
+    writer.digests = []  # as if DCP had finished a save of no shards: the commit lists the directory
     return checkpointer, PendingSave(4, ckpt_dir, done, time.perf_counter(), "interval", writer)
 
 

@@ -62,6 +62,9 @@ class Incident:
     steps_lost: int | None = None
     """Steps completed before the incident and recomputed after it (the restore event's `steps_lost`; a
     fresh start lost every step; None: not known)."""
+    startup_s: dict[str, float] | None = None
+    """Where the recovering attempt's own start-up went (its `run_start.startup_phases`: import, build,
+    init, verify, load seconds on rank 0); None where it never logged one."""
 
 
 @dataclass(frozen=True)
@@ -196,6 +199,9 @@ def _recovery(run: RunLog, onset: _Onset, starts: dict[int, float], launches: di
     after = t_restore if t_restore is not None else t_relaunch
     lines = [m for m in run.metrics if m["attempt"] == successor and after is not None and m["time"] >= after]
     t_first = lines[0]["time"] if lines else None
+    its_starts = [
+        e for e in run.named("run_start") if e.get("attempt") == successor and "startup_phases" in e
+    ]
     pre = max((m["step"] for m in run.metrics if m["time"] <= t0), default=0)
     regained = next(
         (m["time"] for m in run.metrics if t_first and m["time"] >= t_first and m["step"] >= pre), None
@@ -216,6 +222,7 @@ def _recovery(run: RunLog, onset: _Onset, starts: dict[int, float], launches: di
         regain_s=_span(t0, regained),
         origin=onset.origin,
         **incident_fields(run, successor),
+        startup_s=its_starts[0]["startup_phases"] if its_starts and successor is not None else None,
     )
 
 

@@ -29,7 +29,10 @@ RUN_CONFIG_LIMIT = 1 << 20
 MARKER = "COMMITTED"
 """Commit marker: JSON {step, manifest_sha256, incarnation}; written last, atomically, by rank 0."""
 MANIFEST = "manifest.json"
-"""Every other file of the checkpoint with its size and SHA-256."""
+"""Every other file of the checkpoint with its size and SHA-256 (v3: the SHA-256 of each rank's
+manifest shard, which holds that rank's item digests)."""
+MANIFEST_SHARD = "manifest.rank{rank:05d}.json"
+"""One rank's manifest shard (manifest v3): the SHA-256 of every storage item that rank wrote."""
 LATEST = "latest"
 """A hint naming the newest committed checkpoint; the resolver never trusts it."""
 QUARANTINE = "quarantine"
@@ -58,6 +61,10 @@ def rank_state_name(rank: int) -> str:
 
 def is_rank_state_name(name: str) -> bool:
     return _RANK_FILE.match(name) is not None
+
+
+def manifest_shard_name(rank: int) -> str:
+    return MANIFEST_SHARD.format(rank=rank)
 
 
 def step_of(path: Path) -> int | None:

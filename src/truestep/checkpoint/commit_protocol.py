@@ -20,7 +20,8 @@ from typing import Any, Protocol
 
 from truestep.checkpoint.catalog import step_dirs, step_of
 from truestep.checkpoint.errors import CheckpointContentError, raise_load_error
-from truestep.checkpoint.manifest import VerifyError, write_manifest_v2, write_marker
+from truestep.checkpoint.manifest import VerifyError, write_marker
+from truestep.checkpoint.manifest_shards import ShardRecord, write_manifest_v3
 from truestep.checkpoint.restored import DigestCheck
 from truestep.config.schema import CheckpointConfig
 from truestep.core.errors import RefusedError
@@ -34,8 +35,9 @@ class Publication:
 
     ckpt_dir: Path
     step: int
-    item_digests: Callable[[], dict[str, list[list[Any]]]]
-    """Every rank's item digests, gathered by DCP to rank 0's writer."""
+    shard_records: Callable[[], list[ShardRecord]]
+    """Every rank's manifest-shard record (checkpoint/manifest_shards.py), gathered by DCP to rank 0's
+    writer."""
     check_fence: Callable[[], None]
     """Raises FencedError once this attempt no longer owns the run directory (right before the marker)."""
     marker_fields: dict[str, Any]
@@ -46,6 +48,11 @@ class Publication:
 class CommitProtocol(Protocol):
     keeps_other_weights: bool
     """Restored weights whose digest differs are kept (True only for the naive ablation)."""
+    loads_over_init: bool
+    """The model is initialized before any restore, which loads over it and keeps whatever part of it
+    a failed load did not overwrite (True only for the naive ablation: the trainer it reproduces
+    initializes at build). Under the protocol a resume draws no random init: a failed load is a failed
+    restore, and a fresh start initializes afterwards."""
 
     def pick(self, root: Path, cfg: CheckpointConfig, logs: RunLogs) -> int:
         """Rank 0: the step to resume from, or one of the resolver's NO_CHECKPOINT / NONE_VERIFIED."""
@@ -67,6 +74,7 @@ class CommitProtocol(Protocol):
 
 class AtomicCommit:
     keeps_other_weights = False
+    loads_over_init = False
 
     def pick(self, root: Path, cfg: CheckpointConfig, logs: RunLogs) -> int:
         from truestep.checkpoint.resolver import pick_verified  # the resolver imports this module
@@ -86,7 +94,7 @@ class AtomicCommit:
     def publish(self, save: Publication) -> None:
         fault_point("save:before-manifest", step=save.step)
         try:
-            manifest = write_manifest_v2(save.ckpt_dir, save.step, save.item_digests())
+            manifest = write_manifest_v3(save.ckpt_dir, save.step, save.shard_records())
         except VerifyError as err:  # a symlink or FIFO appeared among the files being committed
             raise RefusedError(
                 f"not committing {save.ckpt_dir}: {err}; something other than this run writes into its "
@@ -100,6 +108,7 @@ class AtomicCommit:
 
 class TrustingCommit:
     keeps_other_weights = True
+    loads_over_init = True
 
     def pick(self, root: Path, cfg: CheckpointConfig, logs: RunLogs) -> int:
         from truestep.checkpoint.resolver import nothing_to_resume, set_aside_strays

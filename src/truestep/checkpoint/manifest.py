@@ -1,11 +1,14 @@
 """The commit protocol's two files: the manifest (every file, size, SHA-256) and the commit marker.
 
 Manifest version 1 holds one SHA-256 per file (rank 0 hashed every file after the write: `write_manifest`,
-still used for weights-only exports and still read). Version 2 (`write_manifest_v2`, every training save)
-holds, for each `.distcp` shard, the SHA-256 of every storage item (`items`: [offset, length, sha256],
-covering the file exactly), hashed by the rank that wrote it while writing; only the small files
-(`.metadata`, rank state) are hashed by rank 0. A reader checks an item's bytes as it reads them
-(`safe_dcp`); `verify_files(..., items_on_read=True)` leaves exactly those bytes to it.
+still used for weights-only exports and still read). Version 2 (`write_manifest_v2`, training saves
+before round 3, still read) holds, for each `.distcp` shard, the SHA-256 of every storage item (`items`:
+[offset, length, sha256], covering the file exactly), hashed by the rank that wrote it while writing;
+only the small files (`.metadata`, rank state) are hashed by rank 0. Version 3 (every training save,
+`manifest_shards.py`) moves each rank's item digests into that rank's own manifest shard, which
+`manifest.json` lists with its SHA-256: rank 0 writes O(files), not O(items). A reader checks an
+item's bytes as it reads them (`safe_dcp`), and the manifest shards it needs as it reads them
+(`item_digests`); `verify_files(..., items_on_read=True)` leaves exactly those bytes to it.
 
 The files of a checkpoint are complete iff its marker parses, names the directory's step and the
 manifest's SHA-256, and every file the manifest lists is present with its size (and checksum, when
@@ -27,7 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from truestep.checkpoint.catalog import MANIFEST, MARKER, step_of
+from truestep.checkpoint.catalog import MANIFEST, MARKER, manifest_shard_name, step_of
 from truestep.checkpoint.hash_counters import count
 from truestep.core.fsio import (
     OversizeFileError,
@@ -44,6 +47,8 @@ from truestep.core.fsio import (
 
 MAX_JSON_BYTES = 64 << 20
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
+SHARD_FORMAT = "truestep-manifest-shard"
+"""The `format` of a rank's manifest shard (v3)."""
 
 
 class VerifyError(Exception):
@@ -82,8 +87,10 @@ def build_manifest(ckpt_dir: Path, step: int) -> dict[str, Any]:
 
 
 def write_manifest(ckpt_dir: Path, step: int) -> bytes:
-    blob = json.dumps(build_manifest(ckpt_dir, step), indent=1, sort_keys=True).encode()
+    manifest = build_manifest(ckpt_dir, step)
+    blob = json.dumps(manifest, indent=1, sort_keys=True).encode()
     atomic_write(ckpt_dir / MANIFEST, blob)
+    count("manifest_entries", len(manifest["files"]))
     return blob
 
 
@@ -105,6 +112,7 @@ def write_manifest_v2(ckpt_dir: Path, step: int, item_digests: dict[str, list[li
     manifest = {"format": "truestep-manifest", "version": 2, "step": step, "files": files}
     blob = json.dumps(manifest, indent=1, sort_keys=True).encode()
     atomic_write(ckpt_dir / MANIFEST, blob)
+    count("manifest_entries", sum(len(e.get("items", [None])) for e in files.values()))
     return blob
 
 
@@ -205,51 +213,134 @@ def verify_files(ckpt_dir: Path, checksums: bool, items_on_read: bool = False) -
     listed = manifest.get("files") if isinstance(manifest, dict) else None
     if not isinstance(listed, dict) or not listed:
         raise VerifyError("manifest lists no files")
+    step = step_of(ckpt_dir)
+    if manifest.get("step") != step or isinstance(manifest.get("step"), bool):
+        raise VerifyError(f"manifest records step {manifest.get('step')!r:.40}, the directory says {step}")
     outside = sorted(name for name in listed if not plain_relative_name(name))
     if outside:
         raise VerifyError(f"manifest names paths outside the checkpoint: {', '.join(map(repr, outside[:5]))}")
     unexpected = sorted(present - set(listed))
     if unexpected:
         raise VerifyError(f"files not in the manifest: {', '.join(unexpected[:5])}")
+    version = manifest.get("version")
+    by_shard = files_by_shard(listed) if version == 3 else {}
     for name, entry in sorted(listed.items()):
         path = ckpt_dir / name
         if not isinstance(entry, dict):
             raise VerifyError(f"{name}: malformed manifest entry")
         if name not in present:
-            raise VerifyError(f"missing file {name}")
+            raise VerifyError(f"missing {'manifest shard' if name in by_shard else 'file'} {name}")
         size = os.lstat(path).st_size
         if size != entry.get("size") or isinstance(entry.get("size"), bool):
             raise VerifyError(f"{name}: size {size} != manifest {entry.get('size')} (truncated?)")
-        if "items" in entry and manifest.get("version") == 2 and "sha256" not in entry:
+        if "items" in entry and version == 2 and "sha256" not in entry:
             _check_items(name, entry["items"], size)
             bad = _hash_items(path, entry["items"]) if checksums and not items_on_read else None
             if bad is not None:
                 raise VerifyError(f"{name}: SHA-256 mismatch (corrupted) in {bad}")
             continue
+        if "shard" in entry and version == 3 and "sha256" not in entry:
+            continue  # its items: with its manifest shard, below (or by the rank that reads it)
         digest = entry.get("sha256")
         if not isinstance(digest, str) or not _SHA256.match(digest):
             raise VerifyError(f"{name}: malformed SHA-256 in the manifest")
+        if name in by_shard and items_on_read:
+            continue  # a manifest shard: hashed by each rank that reads it (`item_digests`)
         if checksums:
             count("read_back", size)
             if sha256_file(path) != digest:
                 raise VerifyError(f"{name}: SHA-256 mismatch (corrupted)")
+    if checksums and not items_on_read:
+        for shard, sizes in sorted(by_shard.items()):
+            for name, items in read_shard(ckpt_dir, manifest, shard, sizes).items():
+                bad = _hash_items(ckpt_dir / name, items)
+                if bad is not None:
+                    raise VerifyError(f"{name}: SHA-256 mismatch (corrupted) in {bad}")
     return manifest
 
 
-def item_digests(ckpt_dir: Path) -> dict[str, dict[tuple[int, int], str]]:
-    """file -> (offset, length) -> SHA-256 of every item the manifest hashes per item, for a reader
-    that checks bytes as it reads them. The manifest is re-bound to the marker here, on the reading
-    rank, so a manifest swapped after rank 0 verified it is refused. Empty for a v1 manifest (all of its
-    files were hashed whole before the load)."""
+def files_by_shard(listed: dict[str, Any]) -> dict[str, dict[str, int]]:
+    """v3: manifest shard name -> {file it describes: size} (every listed shard, also one describing
+    none). VerifyError for a shard entry that is not one, or a file pointing at an unlisted shard."""
+    shards: dict[str, dict[str, int]] = {}
+    for name, entry in listed.items():
+        if isinstance(entry, dict) and "rank" in entry:
+            rank = entry["rank"]
+            if not isinstance(rank, int) or isinstance(rank, bool) or name != manifest_shard_name(rank):
+                raise VerifyError(f"{name}: not the manifest shard of rank {rank!r:.20}")
+            shards[name] = {}
+    for name, entry in listed.items():
+        if isinstance(entry, dict) and "shard" in entry:
+            if entry["shard"] not in shards:
+                raise VerifyError(f"{name}: its manifest shard {entry['shard']!r:.80} is not listed")
+            shards[entry["shard"]][name] = entry.get("size")
+    return shards
+
+
+def read_shard(
+    ckpt_dir: Path, manifest: dict[str, Any], shard: str, sizes: dict[str, int]
+) -> dict[str, list[list[Any]]]:
+    """The item digests in manifest shard `shard` (file -> [[offset, length, sha256], ...]), once its bytes
+    hash to the SHA-256 `manifest` lists for it and it describes exactly the files `sizes` names, at
+    those sizes, for this step and its rank. VerifyError otherwise (missing, swapped between ranks or
+    steps, edited)."""
+    entry = manifest["files"][shard]
+    try:
+        blob = read_regular(ckpt_dir / shard, MAX_JSON_BYTES)
+    except FileNotFoundError:
+        raise VerifyError(f"missing manifest shard {shard}") from None
+    except (UnsafePathError, OversizeFileError):
+        raise VerifyError(f"{shard} is {entry_kind(ckpt_dir / shard) or 'unreadable'} or huge") from None
+    if hashlib.sha256(blob).hexdigest() != entry.get("sha256"):
+        raise VerifyError(
+            f"{shard}: SHA-256 does not match the manifest (a manifest shard swapped, replaced or corrupted)"
+        )
+    try:
+        data = json.loads(blob)
+    except (ValueError, RecursionError) as err:
+        raise VerifyError(f"{shard} is not valid JSON: {type(err).__name__}") from err
+    ok = isinstance(data, dict) and data.get("format") == SHARD_FORMAT and data.get("version") == 1
+    files = data.get("files") if ok else None
+    if not isinstance(files, dict):
+        raise VerifyError(f"{shard} is not a truestep manifest shard (v1)")
+    if data.get("step") != manifest.get("step") or data.get("rank") != entry.get("rank"):
+        raise VerifyError(f"{shard} is rank {data.get('rank')!r:.20}'s of step {data.get('step')!r:.20}")
+    if set(files) != set(sizes):
+        raise VerifyError(f"{shard} describes other files than the manifest lists for it")
+    found: dict[str, list[list[Any]]] = {}
+    for name, described in files.items():
+        items = described.get("items") if isinstance(described, dict) else None
+        _check_items(name, items, sizes[name])
+        found[name] = items  # type: ignore[assignment] - checked just above
+    return found
+
+
+def item_digests(ckpt_dir: Path, files: set[str] | None = None) -> dict[str, dict[tuple[int, int], str]]:
+    """file -> (offset, length) -> SHA-256 of every item the manifest hashes per item, of `files` (None:
+    all), for a reader that checks bytes as it reads them. The manifest is re-bound to the marker here,
+    on the reading rank, so a manifest swapped after rank 0 verified it is refused; in v3 this rank reads
+    only the manifest shards describing `files`, each checked against the manifest (`read_shard`). Empty
+    for a v1 manifest (all of its files were hashed whole before the load)."""
     manifest_path = ckpt_dir / MANIFEST
     if sha256_file(manifest_path) != read_marker(ckpt_dir).get("manifest_sha256"):
         raise VerifyError("manifest.json does not match the commit marker (tampered or torn)")
     manifest = read_json(manifest_path)
-    if not isinstance(manifest, dict) or manifest.get("version") != 2:
+    listed = manifest.get("files") if isinstance(manifest, dict) else None
+    if not isinstance(listed, dict) or manifest.get("version") not in (2, 3):
         return {}
+    wanted = set(listed) if files is None else files
     found: dict[str, dict[tuple[int, int], str]] = {}
-    for name, entry in manifest["files"].items():
-        if isinstance(entry, dict) and "items" in entry:
-            _check_items(name, entry["items"], entry.get("size"))
-            found[name] = {(o, n): d for o, n, d in entry["items"]}
+    if manifest["version"] == 2:
+        for name in wanted:
+            entry = listed.get(name)
+            if isinstance(entry, dict) and "items" in entry:
+                _check_items(name, entry["items"], entry.get("size"))
+                found[name] = {(o, n): d for o, n, d in entry["items"]}
+        return found
+    by_shard = files_by_shard(listed)
+    shards = {listed[n]["shard"] for n in wanted if isinstance(listed.get(n), dict) and "shard" in listed[n]}
+    for shard in sorted(shards):
+        for name, items in read_shard(ckpt_dir, manifest, shard, by_shard[shard]).items():
+            if name in wanted:
+                found[name] = {(o, n): d for o, n, d in items}
     return found

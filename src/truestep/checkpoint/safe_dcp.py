@@ -11,11 +11,12 @@ was stored. Here:
 - data is read only from those files (opened with no-follow, non-blocking semantics), every stored tensor
   must have exactly the dtype and chunk shape the metadata declares, and byte items load with
   `weights_only=True`;
-- with `check_items` (a resume), every item's bytes are read once into memory and must match the
-  SHA-256 its writer recorded in the manifest (v2) before anything deserializes them, so a flipped byte
-  is found by the rank that reads it, whatever the layout; the ranks agree before any byte is copied
-  (`verified_read.py`), so no byte of a bad checkpoint reaches a model or optimizer, and DCP gathers the
-  failure to every rank (`DigestMismatchError`).
+- with `check_items` (a resume), every item's bytes are read once and must match the SHA-256 its writer
+  recorded in the manifest (v2, v3) before anything deserializes them, so a flipped byte is found by the
+  rank that reads it, whatever the layout, and never reaches a tensor; good items stream into their
+  targets at once (`verified_read.py`), and DCP gathers a failure to every rank at the end
+  (`DigestMismatchError`): the caller then discards the targets (an older checkpoint overwrites them, a
+  fresh start re-initializes them).
 
 Anything else is refused with `UnsafeCheckpointError` (a `CheckpointContentError`: the checkpoint itself
 is bad) before it can execute, hang or allocate. `single_process()` silences the one DCP warning that says
@@ -49,9 +50,10 @@ from torch.futures import Future
 from truestep.checkpoint.catalog import DCP_METADATA
 from truestep.checkpoint.dcp_checks import MetadataProblem, check_metadata
 from truestep.checkpoint.errors import CheckpointContentError, TensorMismatchError
-from truestep.checkpoint.verified_read import PeerFoundBadItemsError, read_verified
+from truestep.checkpoint.verified_read import BufferReader, stream_verified
 from truestep.core.errors import TruestepError, causes
 from truestep.core.fsio import OversizeFileError, UnsafePathError, open_regular, plain_file_name, read_regular
+from truestep.telemetry import startup
 
 MAX_METADATA_BYTES = 1 << 30
 """DCP metadata of a 70B model on thousands of ranks is tens of MB; beyond this it is not metadata."""
@@ -168,11 +170,10 @@ def read_dcp_metadata(ckpt_dir: Path) -> Metadata:
 class SafeFileSystemReader(FileSystemReader):
     """FileSystemReader that reads only checked metadata and only what it declares (module docstring)."""
 
-    def __init__(self, path: str | os.PathLike, check_items: bool = False, collective: bool = True) -> None:
+    def __init__(self, path: str | os.PathLike, check_items: bool = False) -> None:
         super().__init__(path)
         self._declared: dict[str, TensorStorageMetadata] = {}
         self._check_items = check_items
-        self._collective = collective
 
     def read_metadata(self, *args: Any) -> Metadata:  # no **kwargs: never DCP's rank-local fallback
         metadata = read_dcp_metadata(Path(self.path))
@@ -204,15 +205,21 @@ class SafeFileSystemReader(FileSystemReader):
         return done
 
     def _load_verified(self, per_file: dict[str, list[ReadItem]], planner: LoadPlanner) -> None:
-        """Every item read once, hashed, agreed good by all ranks, only then deserialized."""
+        """Every item read once and hashed, deserialized into its targets as soon as its hash matched."""
+        readers: dict[Any, list[ReadItem]] = {}
+        for items in per_file.values():
+            for item in items:
+                readers.setdefault(item.storage_index, []).append(item)
         ranges = {
             name: list({i.storage_index: self._range(i) for i in items}.values())
             for name, items in per_file.items()
         }
-        blobs = read_verified(Path(self.path), ranges, self._collective)
-        for items in per_file.values():
-            for item in items:
-                self._load_item(io.BytesIO(blobs[item.storage_index]), item, planner)
+
+        def consume(index: Any, data: memoryview) -> None:
+            for item in readers[index]:
+                self._load_item(BufferReader(data), item, planner)
+
+        stream_verified(Path(self.path), ranges, consume)
 
     def _load_streamed(self, per_file: dict[str, list[ReadItem]], planner: LoadPlanner) -> None:
         """Each item deserialized straight from its file (its bytes were hashed whole before the load,
@@ -292,10 +299,10 @@ def load_dcp(state: dict[str, Any], ckpt_dir: Path, no_dist: bool = False, check
     list of tracebacks); this re-raises the failure itself: a TruestepError (UnsafeCheckpointError,
     TensorMismatchError, ...) or an OSError as they are, anything else as it was raised."""
     try:
-        with single_process():
+        with single_process(), startup.timed("load"):
             dcp.load(
                 state,
-                storage_reader=SafeFileSystemReader(ckpt_dir, check_items, collective=not no_dist),
+                storage_reader=SafeFileSystemReader(ckpt_dir, check_items),
                 planner=SafeLoadPlanner(),
                 no_dist=no_dist,
             )
@@ -305,9 +312,6 @@ def load_dcp(state: dict[str, Any], ckpt_dir: Path, no_dist: bool = False, check
 
 def dcp_failure(err: CheckpointException) -> BaseException:
     """The failure inside DCP's CheckpointException: a TruestepError or OSError first, else the first.
-    The rank that found bad bytes says where; the others only that someone did, so theirs come last."""
-    inner = sorted(
-        (c for c in causes(err) if not isinstance(c, CheckpointException)),
-        key=lambda c: isinstance(c, PeerFoundBadItemsError),
-    )
+    DCP gathers every rank's failure to every rank, so each raises the one of the rank that found it."""
+    inner = [c for c in causes(err) if not isinstance(c, CheckpointException)]
     return next((c for c in inner if isinstance(c, TruestepError | OSError)), inner[0] if inner else err)

@@ -7,9 +7,10 @@ Order inside one save (docs/checkpointing.md):
      collectives can deadlock; meanwhile rank 0 writes the save record (`save.json`: step, reason and
      the parameter digest every rank's shards were hashed into, checkpoint/save_record.py);
   3. when DCP has finished on all ranks (its future resolves only after the coordinator gathered every
-     rank's write results and wrote `.metadata`), rank 0 writes manifest.json (version 2: the item
-     digests each rank computed while writing, gathered with the write results; no shard is read back)
-     and then COMMITTED (the commit protocol: checkpoint/commit_protocol.py).
+     rank's write results and wrote `.metadata`), rank 0 writes manifest.json (version 3: each rank
+     wrote its own manifest shard of the item digests it computed while writing; rank 0 lists the files,
+     the shards' SHA-256 and hashes the few small files it wrote itself, `.metadata` and `save.json`;
+     nothing else is read back) and then COMMITTED (the commit protocol: checkpoint/commit_protocol.py).
 A crash anywhere before 3 completes leaves a directory without a valid marker: never resumed from.
 """
 
@@ -36,6 +37,7 @@ from truestep.checkpoint.catalog import (
     step_dir_name,
 )
 from truestep.checkpoint.commit_protocol import Publication
+from truestep.checkpoint.manifest_shards import ShardRecord
 from truestep.checkpoint.mechanisms import Mechanisms, choose
 from truestep.checkpoint.ownership import marker_identity, newer_own_commit, own_committed
 from truestep.checkpoint.safe_dcp import silence_single_process_saves, single_process
@@ -238,8 +240,8 @@ class Checkpointer:
             )
 
     @staticmethod
-    def _digests(pending: PendingSave) -> dict[str, list[list[Any]]]:
-        """Every rank's item digests, gathered by DCP to this (the coordinator's) writer."""
+    def _digests(pending: PendingSave) -> list[ShardRecord]:
+        """Every rank's manifest-shard record, gathered by DCP to this (the coordinator's) writer."""
         if pending.writer.digests is None:
             raise RuntimeError(f"not committing {pending.ckpt_dir}: DCP never finished its storage writer")
         return pending.writer.digests

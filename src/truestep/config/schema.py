@@ -126,6 +126,13 @@ class DataConfig:
 class TrainConfig:
     seed: int = 0
     """Seed for parameter init and the per-rank RNG streams."""
+    init_scheme: str = "blockwise"
+    """How a fresh start draws the initial weights from `train.seed` (a resume draws none: it loads them; part of the trajectory).
+    "blockwise": each fixed tile of a parameter (16 rows x 1024 columns) from its own generator seeded
+    from (seed, parameter name, tile position), so each rank computes only its own shard, O(shard), and
+    every layout still gets the same weights bit for bit. "full": one generator draws every parameter's
+    full value in order and each rank keeps its part, O(model) per rank: the only scheme before round 3,
+    for reproducing runs started with it (the two give different initial weights)."""
     max_steps: int = 100
     """Optimizer steps to train for."""
     global_batch_size: int = 8
@@ -484,6 +491,7 @@ ACTIVATION_CHECKPOINTING = ("none", "full", "selective")
 TRAJECTORY_SECTIONS = ("model", "data", "optim", "schedule")
 TRAJECTORY_KEYS = (
     "train.seed",
+    "train.init_scheme",
     "train.max_steps",
     "train.global_batch_size",
     "train.grad_clip",

@@ -123,6 +123,10 @@ def validate(cfg: JobConfig) -> None:
     )
     _require(p.device in ("auto", "cpu", "cuda"), f"parallel.device must be auto|cpu|cuda, got {p.device!r}")
     _require(
+        t.init_scheme in ("blockwise", "full"),
+        f"train.init_scheme must be blockwise|full, got {t.init_scheme!r}",
+    )
+    _require(
         m.n_heads % p.tp == 0 and kv % p.tp == 0,
         f"parallel.tp={p.tp} must divide model.n_heads={m.n_heads} and model.n_kv_heads={kv}",
     )

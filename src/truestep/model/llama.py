@@ -7,7 +7,6 @@ Given a `KVCache`, the forward decodes incrementally (generation); without one i
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator
 
 import torch
@@ -16,6 +15,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from truestep.config.schema import ModelConfig
+from truestep.model.init import INIT_SCHEMES, fill_blockwise, on_meta, param_std
 from truestep.model.kv_cache import KVCache, LayerKV
 from truestep.model.rope import apply_rope, head_dim, rope_tables_for
 
@@ -131,29 +131,30 @@ class Transformer(nn.Module):
         self.output = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:
             self.output.weight = self.tok_embeddings.weight
-        cos, sin = rope_tables_for(cfg)
+        if torch.empty(0).is_meta:  # built on the meta device: the tables are computed once allocated
+            cos, sin = (torch.empty(cfg.max_seq_len, head_dim(cfg)) for _ in range(2))  # (init_buffers)
+        else:
+            cos, sin = rope_tables_for(cfg)
         # Non-persistent: derived from the config, never checkpointed.
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
 
     @torch.no_grad()
     def initial_values(self, seed: int) -> Iterator[tuple[nn.Parameter, torch.Tensor]]:
-        """Each parameter with its full initial value (fp32, CPU), one at a time, drawn from `seed` alone.
+        """The "full" scheme (model/init.py): each parameter with its full initial value (fp32, CPU), one
+        at a time, drawn in order from one generator seeded with `seed`.
 
         The values depend on the parameter's global shape and order only, so a sharded model (DTensor
         parameters, built on the meta device) gets exactly the weights an unsharded one does, and no
         more than one full parameter is ever held: parallel/parallelize.py writes each into its shards.
         """
         gen = torch.Generator(device="cpu").manual_seed(seed)
-        std = self.cfg.init_std
-        out_std = std / math.sqrt(2 * self.cfg.n_layers)
         for name, param in self.named_parameters():
-            if name.endswith("norm.weight"):
+            std = param_std(name, self.cfg)
+            if std is None:
                 yield param, torch.ones(param.shape, dtype=torch.float32)
                 continue
-            is_out_proj = name.endswith("attention.wo.weight") or name.endswith("feed_forward.w2.weight")
-            values = torch.randn(param.shape, generator=gen, dtype=torch.float32)
-            yield param, values.mul_(out_std if is_out_proj else std)
+            yield param, torch.randn(param.shape, generator=gen, dtype=torch.float32).mul_(std)
 
     @torch.no_grad()
     def init_buffers(self) -> None:
@@ -163,11 +164,18 @@ class Transformer(nn.Module):
         self.rope_sin.copy_(sin)
 
     @torch.no_grad()
-    def init_weights(self, seed: int) -> None:
+    def init_weights(self, seed: int, scheme: str = "blockwise") -> None:
         """Deterministic init from `seed` alone of an unsharded model (generation, tests); a sharded one
-        is initialized by parallel.parallelize.init_parameters with the same values."""
-        for param, values in self.initial_values(seed):
-            param.copy_(values)
+        is initialized by parallel.parallelize.init_parameters with the same values. `scheme`: "blockwise"
+        or "full" (model/init.py)."""
+        if scheme == "full":
+            for param, values in self.initial_values(seed):
+                param.copy_(values)
+        elif scheme == "blockwise":
+            for name, param in self.named_parameters():
+                fill_blockwise(param, seed, name, param.shape, param_std(name, self.cfg), [0] * param.dim())
+        else:
+            raise ValueError(f"unknown init scheme {scheme!r}; expected one of {', '.join(INIT_SCHEMES)}")
         self.init_buffers()
 
     def forward(self, tokens: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
@@ -190,6 +198,6 @@ class Transformer(nn.Module):
 
 def count_parameters(cfg: ModelConfig) -> int:
     """Parameter count on the meta device: nothing is allocated, so 70B presets are cheap."""
-    with torch.device("meta"):
+    with on_meta():
         model = Transformer(cfg)
     return sum(p.numel() for p in model.parameters())

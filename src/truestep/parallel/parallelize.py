@@ -4,10 +4,11 @@ Order matters: tensor parallelism first (on the "tp" mesh dim), then FSDP2 `full
 on the root (on the "dp" dim). Without sequence parallelism, activations between blocks are replicated
 across TP ranks, so norms stay plain (FSDP-only) parameters.
 
-`build_model` builds on the meta device, shards, and only then allocates: each rank holds its shards
-plus one full parameter at a time while initializing, never the whole model (at 70B the whole model in
-fp32 is 280 GB per rank). The weights are the ones an unsharded init from the same seed gives, bit for
-bit, in every layout.
+`build_model` builds on the meta device, shards, and only then allocates: each rank holds its shards,
+never the whole model (at 70B the whole model in fp32 is 280 GB per rank). Allocating is all a resume
+needs (the load overwrites every parameter); a fresh start then initializes (`init_parameters`): in
+the default "blockwise" scheme each rank computes only its own shard's values, O(shard), and the
+weights are the ones an unsharded init from the same seed gives, bit for bit, in every layout.
 """
 
 from __future__ import annotations
@@ -18,10 +19,12 @@ import torch
 from torch import nn
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor, Replicate, distribute_tensor
+from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
 from truestep.config.errors import ConfigError
 from truestep.config.schema import JobConfig
+from truestep.model.init import INIT_SCHEMES, fill_blockwise, on_meta, param_std
 from truestep.model.llama import Transformer
 from truestep.parallel.dist import DistContext
 
@@ -109,31 +112,70 @@ def parallelize(model: Transformer, ctx: DistContext, cfg: JobConfig) -> nn.Modu
 
 
 @torch.no_grad()
-def init_parameters(model: nn.Module, seed: int) -> None:
-    """Give a (possibly sharded) Transformer its initial weights from `seed`: each parameter's full value
-    is drawn on the CPU, as an unsharded init draws it, and this rank keeps its own part of it. Local
-    only (`src_data_rank=None`: every rank draws the same values, no collective)."""
-    reshard(model)  # a gathered root would take the full values into its unsharded copy only
+def init_parameters(model: nn.Module, seed: int, scheme: str = "blockwise") -> None:
+    """Give a (possibly sharded) Transformer its initial weights from `seed` (model/init.py), local only:
+    no collective, and every layout gets the weights of an unsharded init bit for bit.
+
+    "blockwise": each rank computes only the rectangle of each parameter it holds (its global offset and
+    shape, as DCP computes them for a save), from the tiles that rectangle touches: O(this rank's shard).
+    "full": each parameter's full value is drawn on the CPU, as an unsharded init draws it, and this
+    rank keeps its own part of it (`src_data_rank=None`: every rank draws the same values)."""
+    reshard(model)  # a gathered root would take the values into its unsharded copy only
     transformer: Transformer = model  # type: ignore[assignment] - FSDP2 subclasses the module in place
-    for param, values in transformer.initial_values(seed):
-        values = values.to(param.device)
-        if isinstance(param, DTensor):
-            param.copy_(distribute_tensor(values, param.device_mesh, param.placements, src_data_rank=None))
-        else:
-            param.copy_(values)
+    if scheme == "full":
+        for param, values in transformer.initial_values(seed):
+            values = values.to(param.device)
+            if isinstance(param, DTensor):
+                param.copy_(
+                    distribute_tensor(values, param.device_mesh, param.placements, src_data_rank=None)
+                )
+            else:
+                param.copy_(values)
+    elif scheme == "blockwise":
+        for name, param in transformer.named_parameters():
+            std = param_std(name, transformer.cfg)
+            local, offset = _local_region(param)
+            fill_blockwise(local, seed, name, param.shape, std, offset)
+    else:
+        raise ValueError(f"unknown init scheme {scheme!r}; expected one of {', '.join(INIT_SCHEMES)}")
     transformer.init_buffers()
 
 
-def build_model(ctx: DistContext, cfg: JobConfig) -> nn.Module:
-    """The training model of this rank, initialized from `train.seed`. With `parallel.meta_init`
-    (default) no rank ever holds the whole model; off, every rank builds and initializes the full model
+def _local_region(param: torch.Tensor) -> tuple[torch.Tensor, tuple[int, ...]]:
+    """This rank's part of `param` (its local tensor, written in place) and that part's offset in the
+    global value. A DTensor's local part is a rectangle of the global value in every layout truestep
+    builds (DCP saves it as one chunk at this offset)."""
+    if not isinstance(param, DTensor):
+        return param.data, (0,) * param.dim()
+    local = param.to_local()
+    shape, offset = compute_local_shape_and_global_offset(param.shape, param.device_mesh, param.placements)
+    if tuple(local.shape) != tuple(shape):  # loud: the offset would describe other values than it holds
+        raise RuntimeError(f"local shard of shape {tuple(local.shape)} where DTensor computes {tuple(shape)}")
+    return local, tuple(offset)
+
+
+def build_model(ctx: DistContext, cfg: JobConfig, initialize: bool = True) -> nn.Module:
+    """The training model of this rank. With `initialize`, initialized from `train.seed` in
+    `train.init_scheme`; without, only allocated (its parameters hold whatever the allocator left
+    there; the RoPE tables are computed): for a resume, which loads every parameter, or for
+    `init_parameters` to fill later (train/trainer.py `Trainer.initialize`). With `parallel.meta_init`
+    (default) no rank ever holds the whole model; off, every rank builds (and initializes) the full model
     first and shards it after (the older path, kept for benchmarks/init_memory.py)."""
+    seed, scheme = cfg.train.seed, cfg.train.init_scheme
     if not cfg.parallel.meta_init:
-        model = Transformer(cfg.model)
-        model.init_weights(cfg.train.seed)
+        with on_meta():
+            model = Transformer(cfg.model)
+        model.to_empty(device="cpu")  # the whole model, without nn.Linear's own (discarded) random init
+        if initialize:
+            model.init_weights(seed, scheme)
+        else:
+            model.init_buffers()
         return parallelize(model, ctx, cfg)
-    with torch.device("meta"):
+    with on_meta():
         model = Transformer(cfg.model)
     sharded = parallelize(model, ctx, cfg)
-    init_parameters(sharded, cfg.train.seed)
+    if initialize:
+        init_parameters(sharded, seed, scheme)
+    else:
+        sharded.init_buffers()  # type: ignore[operator] - derived from the config, never loaded
     return sharded

@@ -5,8 +5,10 @@ A start resolves the newest usable checkpoint and restores it; a checkpoint whos
 while loading (it verified, but a tensor is stored in another dtype than declared, or the restored
 parameters are not the saved ones) is quarantined and the next older one is tried, exactly as if it had
 failed verification. Every piece of state comes from the checkpoint finally loaded; when none loads and
-the run starts fresh, the trainer is reset to its initial state, so nothing of a failed load remains. A
-fresh run may start from given weights (`checkpoint.init_from`).
+the run starts fresh, the trainer is initialized (`Trainer.initialize`, this rank's shards only), so
+nothing of a failed load remains. The trainer was only allocated: a restore draws no random init (under
+the naive ablation, `TrustingCommit.loads_over_init`, it initializes first, as the trainer it reproduces
+does at build). A fresh run may start from given weights (`checkpoint.init_from`).
 """
 
 from __future__ import annotations
@@ -67,6 +69,8 @@ class Restorer:
         start fresh."""
         trainer, cfg = self.trainer, self.trainer.cfg.checkpoint
         with self._phase():
+            if self.mechanisms.commit.loads_over_init:
+                trainer.initialize()  # the naive trainer: initialized at build, a torn load over that
             touched = False
             if self.memory is not None and cfg.resume:
                 restored, touched = self._from_memory()
@@ -154,9 +158,9 @@ class Restorer:
         trainer, cfg = self.trainer, self.trainer.cfg.checkpoint
         while True:
             ckpt_dir = resolve_start(self.root, cfg, trainer.ctx, trainer.logs, self.mechanisms.commit)
-            if ckpt_dir is None:
-                if failed_loads:  # a fresh start after a failed load: nothing of it may remain
-                    trainer.reset_to_initial()
+            if ckpt_dir is None:  # a fresh start: the trainer is only allocated, or holds a failed
+                trainer.initialize()  # load's partial state (memory or disk), of which nothing may remain
+                if failed_loads:
                     trainer.logs.event("state_reset", after_failed_loads=failed_loads)
                 return None
             try:

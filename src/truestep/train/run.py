@@ -26,6 +26,7 @@ from pathlib import Path
 
 import torch
 
+import truestep
 from truestep.checkpoint.catalog import run_checkpoint_root
 from truestep.checkpoint.mechanisms import choose
 from truestep.checkpoint.ownership import current_run_id
@@ -51,6 +52,7 @@ from truestep.parallel.peer_loss import peer_left
 from truestep.resilience.attempt import Attempt, begin_attempt
 from truestep.resilience.heartbeat import Heartbeat
 from truestep.resilience.lease import RunDirLease
+from truestep.telemetry import startup
 from truestep.telemetry.narrate import Narrator
 from truestep.telemetry.run_logs import RunLogs
 from truestep.telemetry.tensorboard import ScalarSinks
@@ -186,6 +188,7 @@ def _checked_run_dir(run_dir: Path) -> int:
 def run_training(cfg: JobConfig, launch: Launch, status: RankStatus, attempt: Attempt | None) -> int:
     """Train this rank to the end (or a stop), leave the process group, return the run's exit code."""
     began = time.time()
+    startup.begin(import_s=began - truestep.STARTED_AT)  # reported in run_start's startup_phases
     ctx = init_distributed(cfg, launch)
     rendezvous = {"began": began, "rendezvous_s": time.time() - began}
     clean = True

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -46,6 +47,7 @@ from truestep.parallel.dist import DistContext
 from truestep.parallel.grad_norm import clip_grad_norm
 from truestep.parallel.parallelize import build_model, init_parameters, uses_mixed_precision
 from truestep.resilience.startup_stop import stop_if_signalled
+from truestep.telemetry import startup
 from truestep.telemetry.digest import param_digest
 from truestep.telemetry.run_logs import RunLogs
 from truestep.train.emulation import GradientNoise, RestoreError
@@ -97,6 +99,9 @@ class StepResult:
 
 class Trainer:
     def __init__(self, cfg: JobConfig, ctx: DistContext, logs: RunLogs, status: RankStatus) -> None:
+        """Allocate what this rank holds; nothing is initialized yet. A resume loads every parameter; a
+        fresh start calls `initialize` (train/restorer.py). No step runs before one of them."""
+        built = time.perf_counter()
         self.cfg = cfg
         self.ctx = ctx
         self.logs = logs
@@ -116,8 +121,10 @@ class Trainer:
             precheck_init_from(cfg.checkpoint.init_from, cfg.model)
         stop_if_signalled(cfg, ctx, "before building the model", logs.event, 0)  # preempted while starting
         self.memory_estimate = check_memory(cfg, ctx, logs)  # before anything big is allocated
-        self.model = build_model(ctx, cfg)
+        self.model = build_model(ctx, cfg, initialize=False)  # a resume draws no random init
         set_activation_checkpointing(self.model, cfg.train.activation_checkpointing)
+        self.weights_set = False
+        """True once the weights are initialized or loaded whole: before that a step is refused."""
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = build_optimizer(self.model, cfg)
         micro = cfg.train.micro_batch(ctx.dp)
@@ -143,6 +150,7 @@ class Trainer:
             GradientNoise(t.emulate_nondeterminism, ctx) if t.emulate_nondeterminism else None
         )
         self.restore_error = RestoreError(t.emulate_restore_error, ctx) if t.emulate_restore_error else None
+        startup.add("build", time.perf_counter() - built)
 
     def log_start(self) -> None:
         if self.ctx.is_main:
@@ -172,6 +180,7 @@ class Trainer:
             or "built-in demo corpus",
             run_id=current_run_id(self.run_dir),  # whose logs these are (analysis/provenance.py)
             provenance=provenance(self.loader, self.cfg.checkpoint.init_from, self.state.step == 0),
+            startup_phases=startup.snapshot(),  # seconds: import, build, init, verify, load
         )
 
     # --- the step ----------------------------------------------------------------------------------
@@ -182,6 +191,8 @@ class Trainer:
             self.model.set_requires_gradient_sync(enabled)
 
     def train_step(self, microbatches: list[tuple[torch.Tensor, torch.Tensor]]) -> StepResult:
+        if not self.weights_set:  # allocated memory, or a load that failed part-way, is never trained on
+            raise RuntimeError("a training step on weights neither initialized nor loaded whole")
         start = time.perf_counter()
         lr = lr_at(self.state.step, self.cfg)
         set_lr(self.optimizer, lr)
@@ -219,28 +230,40 @@ class Trainer:
     # --- what a checkpoint saves and loads (checkpoint.state.Checkpointable) ------------------------
 
     def dcp_state_dict(self, with_optimizer: bool) -> dict[str, Any]:
-        state: dict[str, Any] = {"model": get_model_state_dict(self.model)}
-        if with_optimizer:
-            state["optim"] = get_optimizer_state_dict(self.model, self.optimizer)
+        # Before any weights are set, this is a restore's call: the optimizer state it materializes for the
+        # load (a zero-gradient step) is part of the start-up's load phase.
+        with startup.timed("load") if not self.weights_set else nullcontext():
+            state: dict[str, Any] = {"model": get_model_state_dict(self.model)}
+            if with_optimizer:
+                state["optim"] = get_optimizer_state_dict(self.model, self.optimizer)
         return state
 
     def load_dcp_state_dict(self, state: dict[str, Any]) -> None:
-        set_model_state_dict(self.model, state["model"])
-        if "optim" in state:
-            set_optimizer_state_dict(self.model, self.optimizer, state["optim"])
+        """Every item of `state` was loaded (checkpoint/restore.py and checkpoint/memory/restore.py call
+        this only then)."""
+        with startup.timed("load"):
+            set_model_state_dict(self.model, state["model"])
+            if "optim" in state:
+                set_optimizer_state_dict(self.model, self.optimizer, state["optim"])
+        self.weights_set = True
         if self.restore_error is not None:
             self.restore_error.perturb(self.params)
 
-    def reset_to_initial(self) -> None:
-        """Collective. Weights, optimizer, counters, data position and RNG streams exactly as the
-        constructor left them. A fresh start after a restore that failed part-way must inherit nothing
-        of it: a load can fail after the optimizer state was materialized for it (one zero-gradient step
-        counted), after items were copied, or after everything was loaded (a restored-digest mismatch)."""
-        init_parameters(self.model, self.cfg.train.seed)  # the constructor's values, shard by shard
+    def initialize(self) -> None:
+        """A fresh start: the initial weights from `train.seed` (each rank its own shards,
+        `train.init_scheme`), no optimizer state, counters, data position and RNG streams at step 0.
+        Local (no collective). Called at every fresh start, also one after restores that failed
+        part-way, which must inherit nothing of them: a load can fail after the optimizer state was
+        materialized for it (one zero-gradient step counted), after items were copied into the model
+        (a verified load streams each item into its target and the ranks agree at the end), or after
+        everything was loaded (a restored-digest mismatch)."""
+        with startup.timed("init"):
+            init_parameters(self.model, self.cfg.train.seed, self.cfg.train.init_scheme)
         self.optimizer.state.clear()  # a fresh AdamW has no state until its first step
         self.state = TrainState()
         self.loader.load_state_dict(self.initial_data_position)
         seed_streams(self.cfg.train.seed, self.ctx.dp_rank, step=0)
+        self.weights_set = True
 
     def param_digest(self) -> str:
         """Collective: the digest of the parameters as they are now."""

@@ -101,11 +101,16 @@ def render_run_text(run: RunAnalysis, sections: Iterable[str] | None = None) -> 
         for inc in run.incidents:
             parts = " + ".join(f"{PHASE_LABELS[p]} {fmt_seconds(inc.phases_s[p])}" for p in PHASES)
             origin = "" if inc.origin == "injected" else f" ({inc.origin})"
+            startup = inc.startup_s or {}
+            inside = ", ".join(
+                f"{k} {fmt_seconds(v)}" for k, v in startup.items() if isinstance(v, int | float)
+            )
             row(
                 "mttr",
                 f"{inc.kind}{origin} at step {inc.pre_fault_step}: {fmt_seconds(inc.mttr_s)} = {parts}; "
                 f"regained after {fmt_seconds(inc.regain_s)}; restore {fmt_restore(inc)}, "
-                f"{fmt_step(inc.steps_lost)} step(s) lost",
+                f"{fmt_step(inc.steps_lost)} step(s) lost"
+                + (f"; the new attempt's start-up: {inside}" if inside else ""),
             )
     if "checkpoint" in want:
         ck = run.checkpoint

@@ -41,6 +41,7 @@ from truestep.checkpoint.memory.replicate import (
 from truestep.checkpoint.restored import DigestCheck, Restored, RestoreSource, RngPolicy
 from truestep.checkpoint.state import Checkpointable, rank_state_from
 from truestep.parallel.dist import DistContext
+from truestep.telemetry import startup
 
 NONE = -1
 
@@ -148,24 +149,29 @@ def restore_from_memory(
     world = ctx.world_size
     owners = owners_held_by(ctx.rank, world, per_node, replicas)
     width = 3 + 2 * max((len(owners_held_by(r, world, per_node, replicas)) for r in range(world)), default=0)
-    chosen = plan(
-        gather_rows(inventory(holder, ctx, identity, owners, width), ctx),
-        world,
-        per_node,
-        replicas,
-        disk_newest,
-    )
-    data, header, moved = _fetch(chosen, holder, ctx)
-    _agree(data is not None, ctx, "a snapshot copy failed its SHA-256 check or did not arrive", touched=False)
+    with startup.timed("verify"):  # run_start's startup_phases: finding and checking the copies
+        chosen = plan(
+            gather_rows(inventory(holder, ctx, identity, owners, width), ctx),
+            world,
+            per_node,
+            replicas,
+            disk_newest,
+        )
+        data, header, moved = _fetch(chosen, holder, ctx)
+        _agree(
+            data is not None, ctx, "a snapshot copy failed its SHA-256 check or did not arrive", touched=False
+        )
     assert data is not None and header is not None
     verified_s = time.perf_counter() - began
     ok = True
-    try:
-        _load(states, data, header, parts)
-    except (PayloadMismatch, KeyError, TypeError, ValueError, IndexError):  # a header that does not fit
-        ok = False
+    with startup.timed("load"):
+        try:
+            _load(states, data, header, parts)
+        except (PayloadMismatch, KeyError, TypeError, ValueError, IndexError):  # a header that does not fit
+            ok = False
     _agree(ok, ctx, "a snapshot did not fit the rank's state", touched=True)
-    restored_model = model_digest(tensors_of(states.dcp_state_dict(with_optimizer=False)))
+    with startup.timed("verify"):
+        restored_model = model_digest(tensors_of(states.dcp_state_dict(with_optimizer=False)))
     _agree(
         restored_model == header.param_digest, ctx, "the restored model is not the one captured", touched=True
     )
