@@ -29,13 +29,17 @@ lint: setup
 	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/ruff format --check src tests benchmarks
 
+# Three workers on two cores: most tests wait on processes they started (a restart, a timeout, a
+# cluster), not on the CPU. Tests that share a session run, or a SLURM cluster, stay in one worker
+# (tests/conftest.py groups them). `make test WORKERS=0` runs in this process, one test at a time.
+WORKERS ?= 3
 test: lint
-	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -m "" --durations=15
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -m "" -n $(WORKERS) --dist loadgroup --durations=15
 
 # The test tiers (pyproject.toml markers; README "Tests"): `make test` runs all of them.
 FAST := not multiprocess and not slurm and not slow
 test-fast: lint
-	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -m "$(FAST)"
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -m "$(FAST)" -n 2 --dist loadgroup
 
 test-multiprocess: setup
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -m "multiprocess and not slurm"

@@ -46,6 +46,47 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 # ----------------------------------------------------------------------------------------------
+# parallel runs (`make test`: pytest-xdist, --dist loadgroup)
+
+SHARED_RUNS = (
+    "reference_future",
+    "supervised_reference",
+    "layout_reference",
+    "inprocess_reference",
+    "runs",
+    "slurm_cluster",
+    "netns",
+)
+"""Session fixtures that train (or bring up a cluster) once for many tests: every test that uses one runs
+in the worker that made it, instead of each worker making it again."""
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the marker
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under xdist every test gets a group: the SLURM tests one (one cluster at a time on this machine),
+    a test of a shared session run that run's, any other test its module's (module fixtures made once)."""
+    for item in items:
+        if item.get_closest_marker("xdist_group"):
+            continue
+        path = Path(str(item.fspath))
+        shared = next((name for name in SHARED_RUNS if _session_fixture(item, name)), None)
+        if "slurm" in path.parts or item.get_closest_marker("slurm"):
+            group = "slurm"
+        elif shared is not None:
+            group = f"shared-{shared}"
+        else:
+            group = path.stem
+        item.add_marker(pytest.mark.xdist_group(group))
+
+
+def _session_fixture(item: pytest.Item, name: str) -> bool:
+    """`item` uses the session fixture `name` (a module's own fixture of that name is not it)."""
+    info = getattr(item, "_fixtureinfo", None)
+    defs = info.name2fixturedefs.get(name) if info is not None else None
+    return bool(defs) and defs[-1].scope == "session"
+
+
+# ----------------------------------------------------------------------------------------------
 # shared runs
 
 
