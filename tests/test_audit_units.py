@@ -309,3 +309,19 @@ def test_a_rounded_loss_is_declared_and_the_report_says_so(tmp_path: Path) -> No
     table = floor_blocks(floor)[0]
     assert ["logged precision", floor.precision[0]] in [list(row) for row in table.rows]
     assert floor.precision[0].startswith("loss was logged rounded to 0.0001")
+
+
+def test_a_step_read_while_it_was_written_is_no_gap_once_read_whole(tmp_path: Path) -> None:
+    """A poll can find a step with one tag flushed and not the next (seen under load in CI): the whole
+    record a later poll reads supersedes it. A step never read whole stays a gap."""
+    from truestep.audit.rundir import _lines
+
+    a = Attempt(0, ["train"], 100.0, exit_code=0, exited=110.0, down=110.5)
+    a.records = [
+        Seen(Record(3, (("loss", 1.0),)), 101.0),  # the loss flushed, the grad norm not yet
+        Seen(Record(3, (("grad_norm", 1.0), ("loss", 1.0))), 101.2),
+        Seen(Record(4, (("loss", 0.5),)), 101.5),  # never read whole
+    ]
+    lines, incomplete = _lines(a, 1)
+    assert [line["step"] for line in lines] == [3]
+    assert incomplete == [4]

@@ -25,12 +25,22 @@ COMMON = ["--metrics.tensorboard=true", "--schedule.warmup_steps=2"]
 
 
 def tb_scalars(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
-    """tag -> [(step, value)] in file order, every event kept (size_guidance 0 = no sampling)."""
-    acc = event_accumulator.EventAccumulator(
-        str(run_dir / "tb"), size_guidance={event_accumulator.SCALARS: 0}
-    )
-    acc.Reload()
-    return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+    """tag -> [(step, value)] as TensorBoard shows it, every event kept (size_guidance 0 = no sampling):
+    the event files (one per attempt) in the order they were begun (their first event's wall time: the
+    time in a file's name is only to the second), a later file's steps replacing the earlier ones' from
+    its first step on (the resumed writer's purge_step)."""
+    files = []
+    for path in (run_dir / "tb").glob("events.out.tfevents.*"):
+        acc = event_accumulator.EventAccumulator(str(path), size_guidance={event_accumulator.SCALARS: 0})
+        acc.Reload()
+        files.append((acc.FirstEventTimestamp(), acc))
+    merged: dict[str, list[tuple[int, float]]] = {}
+    for _, acc in sorted(files, key=lambda f: f[0]):
+        for tag in acc.Tags()["scalars"]:
+            events = [(e.step, e.value) for e in acc.Scalars(tag)]
+            if events:
+                merged[tag] = [(s, v) for s, v in merged.get(tag, []) if s < events[0][0]] + events
+    return merged
 
 
 def last_per_step(run_dir: Path) -> dict[int, dict]:

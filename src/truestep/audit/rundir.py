@@ -70,13 +70,18 @@ def _when(seen: Seen, attempt: Attempt) -> float:
 
 
 def _lines(attempt: Attempt, tokens_per_step: int) -> tuple[list[dict[str, Any]], list[int]]:
-    usable, incomplete = [], []
+    usable, partial = [], []
     for seen in attempt.records:
         observed = seen.record.observed
         if all(k in observed for k in REQUIRED):
             usable.append((_when(seen, attempt), seen.record.step, observed))
         else:
-            incomplete.append(seen.record.step)
+            partial.append(seen.record.step)
+    # A poll can read a step while the trainer is still writing it (one tag flushed, not the next): that
+    # read is superseded by the whole record a later poll finds. Missing is what this attempt never
+    # logged whole.
+    whole = {step for _, step, _ in usable}
+    incomplete = [step for step in partial if step not in whole]
     usable.sort(key=lambda x: x[0])
     gaps = [b[0] - a[0] for a, b in zip(usable, usable[1:], strict=False)]
     lines = []
