@@ -145,3 +145,22 @@ def killed_and_resumed(path: Path, later_loss: Callable[[int], float | None] | N
         {"time": 15.6, "event": "run_end", "attempt": 1, "step": 10, "param_digest": "final"},
     ]
     return write_run(path, metrics, events)
+
+
+def restarted_from_scratch(path: Path, steps_after: int) -> RunLog:
+    """Attempt 0 logs steps 1-3 and is killed at t=4.2 before any checkpoint; attempt 1 (relaunched at
+    4.5) starts over and logs steps 1..`steps_after`."""
+    sup = {"source": "supervisor"}
+    metrics = [line(s, 0, 1.0 + s) for s in range(1, 4)] + [
+        line(s, 1, 10.0 + s) for s in range(1, steps_after + 1)
+    ]
+    events = [
+        {"time": 0.0, "event": "attempt_start", "attempt": 0, **sup},
+        start(0, 0.5, 0.0),
+        {"time": 4.2, "event": "fault_injected", "kind": "kill", "attempt": 0, "spec": "kill"},
+        {"time": 4.3, "event": "failure_detected", "attempt": 0, "detected_at": 4.3, **sup},
+        {"time": 4.4, "event": "teardown_complete", "teardown_s": 0.1, **sup},
+        {"time": 4.5, "event": "attempt_start", "attempt": 1, **sup},
+        start(1, 9.5, 9.0),
+    ]
+    return write_run(path, metrics, events)

@@ -8,7 +8,16 @@ from pathlib import Path
 
 import pytest
 
-from analysis_cases import TOKENS, clean, killed_and_resumed, line, loss_of, start, write_run
+from analysis_cases import (
+    TOKENS,
+    clean,
+    killed_and_resumed,
+    line,
+    loss_of,
+    restarted_from_scratch,
+    start,
+    write_run,
+)
 from truestep.analysis.fidelity import compare
 from truestep.analysis.floor import measure_floor
 from truestep.analysis.goodput import checkpoint_overhead, goodput
@@ -135,18 +144,7 @@ def test_an_incident_carries_the_recovering_attempts_own_startup_phases(tmp_path
 
 
 def test_fault_before_the_first_checkpoint_restarts_from_scratch(tmp_path: Path) -> None:
-    sup = {"source": "supervisor"}
-    metrics = [line(s, 0, 1.0 + s) for s in range(1, 4)] + [line(s, 1, 10.0 + s) for s in range(1, 11)]
-    events = [
-        {"time": 0.0, "event": "attempt_start", "attempt": 0, **sup},
-        start(0, 0.5, 0.0),
-        {"time": 4.2, "event": "fault_injected", "kind": "kill", "attempt": 0, "spec": "kill"},
-        {"time": 4.3, "event": "failure_detected", "attempt": 0, "detected_at": 4.3, **sup},
-        {"time": 4.4, "event": "teardown_complete", "teardown_s": 0.1, **sup},
-        {"time": 4.5, "event": "attempt_start", "attempt": 1, **sup},
-        start(1, 9.5, 9.0),
-    ]
-    run = write_run(tmp_path / "run", metrics, events)
+    run = restarted_from_scratch(tmp_path / "run", 10)
     assert compare(run, clean(tmp_path / "ref")).windows == []
     [inc] = incidents(run)
     assert inc.phases_s["restore"] is None

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from analysis_cases import clean, killed_and_resumed, line, loss_of, start, write_run
+from analysis_cases import clean, killed_and_resumed, line, loss_of, restarted_from_scratch, start, write_run
 from truestep.analysis.fidelity import compare
 from truestep.analysis.floor import measure_floor
 from truestep.analysis.goodput import goodput
@@ -63,18 +63,7 @@ def test_a_memory_restore_is_the_restore_phase_of_its_incident(tmp_path: Path) -
 
 
 def test_a_fresh_start_after_a_failure_lost_every_step(tmp_path: Path) -> None:
-    sup = {"source": "supervisor"}
-    metrics = [line(s, 0, 1.0 + s) for s in range(1, 4)] + [line(s, 1, 10.0 + s) for s in range(1, 5)]
-    events = [
-        {"time": 0.0, "event": "attempt_start", "attempt": 0, **sup},
-        start(0, 0.5, 0.0),
-        {"time": 4.2, "event": "fault_injected", "kind": "kill", "attempt": 0, "spec": "kill"},
-        {"time": 4.3, "event": "failure_detected", "attempt": 0, "detected_at": 4.3, **sup},
-        {"time": 4.4, "event": "teardown_complete", "teardown_s": 0.1, **sup},
-        {"time": 4.5, "event": "attempt_start", "attempt": 1, **sup},
-        start(1, 9.5, 9.0),
-    ]
-    [inc] = incidents(write_run(tmp_path / "run", metrics, events))
+    [inc] = incidents(restarted_from_scratch(tmp_path / "run", 4))
     assert (inc.restore_source, inc.restore_s, inc.steps_lost) == (None, None, 3)
 
 
