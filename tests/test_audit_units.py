@@ -325,3 +325,21 @@ def test_a_step_read_while_it_was_written_is_no_gap_once_read_whole(tmp_path: Pa
     lines, incomplete = _lines(a, 1)
     assert [line["step"] for line in lines] == [3]
     assert incomplete == [4]
+
+
+def test_a_usable_step_read_before_its_last_tag_is_superseded_by_the_fuller_read(tmp_path: Path) -> None:
+    """CI, stop 43: a reference's step was read with loss and grad norm but before its lr was flushed,
+    then whole: two lines of one step, and the failure-free reference was refused as restarted. The
+    fuller read replaces the earlier; a step logged again with other values is still two lines."""
+    from truestep.audit.rundir import _lines
+
+    a = Attempt(0, ["train"], 100.0, exit_code=0, exited=110.0, down=110.5)
+    a.records = [
+        Seen(Record(3, (("loss", 1.0), ("grad_norm", 2.0))), 101.0),
+        Seen(Record(3, (("loss", 1.0), ("grad_norm", 2.0), ("lr", 0.1))), 101.2),
+        Seen(Record(5, (("loss", 0.5), ("grad_norm", 1.0))), 101.5),
+        Seen(Record(5, (("loss", 0.25), ("grad_norm", 1.0))), 101.7),  # logged twice: not a partial read
+    ]
+    lines, incomplete = _lines(a, 1)
+    assert [(line["step"], line.get("lr")) for line in lines] == [(3, 0.1), (5, None), (5, None)]
+    assert incomplete == []

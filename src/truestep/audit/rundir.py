@@ -69,19 +69,26 @@ def _when(seen: Seen, attempt: Attempt) -> float:
     return t if t is not None and attempt.started - 1.0 <= t <= end + 1.0 else seen.seen
 
 
+def _completed(records: list[Seen]) -> list[Seen]:
+    """A poll can read a step while the trainer is still writing it (loss flushed, lr not yet): that read
+    is superseded by the fuller record of the same step a later poll finds, which holds every value it
+    held. A step logged again with other values stays: the attempt logged it twice."""
+    by_step: dict[int, list[Seen]] = {}
+    for seen in records:
+        values = set(seen.record.values)
+        same = by_step.setdefault(seen.record.step, [])
+        same[:] = [k for k in same if not set(k.record.values) < values] + [seen]
+    return [seen for same in by_step.values() for seen in same]
+
+
 def _lines(attempt: Attempt, tokens_per_step: int) -> tuple[list[dict[str, Any]], list[int]]:
-    usable, partial = [], []
-    for seen in attempt.records:
+    usable, incomplete = [], []
+    for seen in _completed(attempt.records):
         observed = seen.record.observed
         if all(k in observed for k in REQUIRED):
             usable.append((_when(seen, attempt), seen.record.step, observed))
         else:
-            partial.append(seen.record.step)
-    # A poll can read a step while the trainer is still writing it (one tag flushed, not the next): that
-    # read is superseded by the whole record a later poll finds. Missing is what this attempt never
-    # logged whole.
-    whole = {step for _, step, _ in usable}
-    incomplete = [step for step in partial if step not in whole]
+            incomplete.append(seen.record.step)  # never logged whole by this attempt
     usable.sort(key=lambda x: x[0])
     gaps = [b[0] - a[0] for a, b in zip(usable, usable[1:], strict=False)]
     lines = []
