@@ -40,7 +40,7 @@ test: lint
 # The test tiers (pyproject.toml markers; README "Tests"): `make test` runs all of them.
 FAST := not multiprocess and not slurm and not slow
 test-fast: lint
-	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -m "$(FAST)" -n 2 --dist loadgroup
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -m "$(FAST)" -n 2 --dist load
 
 test-multiprocess: setup
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -m "multiprocess and not slurm"

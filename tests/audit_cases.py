@@ -4,11 +4,14 @@ judged by the same functions `truestep audit` runs (audit/plan.py)."""
 
 from __future__ import annotations
 
+import importlib.util
 import shutil
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
+
+import pytest
 
 from truestep.analysis.summary import ExperimentSummary, RunAnalysis
 from truestep.audit.plan import FAULTED, AuditPlan, judge, run_one, write_plan
@@ -18,6 +21,12 @@ TRAINERS = Path(__file__).parent / "audit_trainers"
 EXTRA_FLAGS = "AUDIT_TEST_FLAGS"
 """The trainers read more flags from this variable: given to the faulted run only, a misconfiguration
 that matters only on resume leaves the shared failure-free runs what they would be with it."""
+
+
+def needs(module: str) -> pytest.MarkDecorator:
+    """Skip where `module` is not installed, found without importing it: the audited script imports it
+    in its own process, and importing Lightning or accelerate here would cost every collection seconds."""
+    return pytest.mark.skipif(importlib.util.find_spec(module) is None, reason=f"{module} is not installed")
 
 
 def command(script: str, *args: str) -> list[str]:

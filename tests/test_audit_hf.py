@@ -14,14 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from audit_cases import audit_cases, command, failure_free, make_plan, restored_at
+from audit_cases import audit_cases, command, failure_free, make_plan, needs, restored_at
 from truestep.analysis.verdict import Status
 from truestep.audit.plan import AuditPlan
 from truestep.audit.readers import read_hf, read_tensorboard
 from truestep.audit.spec import DEFAULT_TAGS
 
-pytestmark = [pytest.mark.multiprocess, pytest.mark.usefixtures("offline")]
-pytest.importorskip("accelerate")
+pytestmark = [pytest.mark.multiprocess, pytest.mark.usefixtures("offline"), needs("accelerate")]
 
 
 CASES = {

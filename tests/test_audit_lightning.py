@@ -7,11 +7,10 @@ from __future__ import annotations
 
 import pytest
 
-from audit_cases import audit_cases, command, failure_free, make_plan, restored_at
+from audit_cases import audit_cases, command, failure_free, make_plan, needs, restored_at
 from truestep.analysis.verdict import Status
 
-pytestmark = pytest.mark.multiprocess
-pytest.importorskip("pytorch_lightning")
+pytestmark = [pytest.mark.multiprocess, needs("pytorch_lightning")]
 
 CASES = {"correct": (["kill@step=6"], ""), "no-rng-restore": (["kill@step=6"], "--no-rng-restore")}
 

@@ -98,6 +98,7 @@ def test_text_field_and_hf_tokenizer(tmp_path: Path) -> None:
 # workers
 
 
+@pytest.mark.slow  # over ~1.5 s here: the whole suite, not the fast tier
 def test_n_workers_write_the_same_shards_as_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # Small chunks so that many are in flight and the pool really reorders completions.
     monkeypatch.setattr(readers_module, "CHUNK_BYTES", 300)

@@ -179,6 +179,7 @@ def test_a_loading_rank_may_be_silent_for_the_startup_timeout(
     assert "resilience.startup_timeout_s=5 while loading" in failure.detail, failure.detail
 
 
+@pytest.mark.slow  # over ~2 s here: the whole suite, not the fast tier
 def test_a_pause_of_the_watcher_is_not_the_ranks_silence(tmp_path: Path, rank: Rank) -> None:
     """The watcher sleeps through 3 x OBSERVER_PAUSE_S (a frozen machine) while the rank's last beat ages
     past the liveness timeout (1.5 x OBSERVER_PAUSE_S): only OBSERVER_PAUSE_S of the pause counts, so the
@@ -197,6 +198,7 @@ def test_a_pause_of_the_watcher_is_not_the_ranks_silence(tmp_path: Path, rank: R
     assert failure.kind == "stale_heartbeat" and time.time() - resumed >= 0.4 * OBSERVER_PAUSE_S
 
 
+@pytest.mark.slow  # over ~2 s here: the whole suite, not the fast tier
 def test_a_slow_watcher_still_declares_a_silent_rank(tmp_path: Path, rank: Rank) -> None:
     """Every poll 1.2 x OBSERVER_PAUSE_S apart is a 'pause' each time; were a pause to restart the
     deadlines, a silent rank would never be declared. Only the excess is left out: it is, within a few polls."""

@@ -85,6 +85,7 @@ def test_the_valid_directory_imports(hf_dir, tmp_path):
 # ---------------------------------------------------------------------------------------------- sizes
 
 
+@pytest.mark.slow  # over ~2 s here: the whole suite, not the fast tier
 def test_a_config_declaring_100000_layers_is_answered_at_once(hf_dir, tmp_path):
     """A 671-byte config.json with num_hidden_layers=100000 made import-hf build a 100000-layer model on
     the meta device (2 min, 4.5 GB) before comparing shapes. Measured in a fresh process: time and peak

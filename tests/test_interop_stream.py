@@ -128,6 +128,7 @@ def test_a_bad_dtype_is_a_usage_error(tmp_path: Path) -> None:
     assert rc == 2 and "invalid choice" in err
 
 
+@pytest.mark.slow  # over ~2 s here: the whole suite, not the fast tier
 def test_the_streaming_writer_lets_each_tensor_go_before_producing_the_next(tmp_path: Path) -> None:
     """What keeps import's memory flat whatever the model size: when the writer asks for a tensor, none
     it was given before the last one is still alive (DCP keeps a file's tensors until the file is closed,

@@ -162,6 +162,7 @@ def test_a_trickle_is_dropped_at_the_hello_deadline(monkeypatch: pytest.MonkeyPa
     h.close(0, "completed")
 
 
+@pytest.mark.slow  # over ~2 s here: the whole suite, not the fast tier
 def test_1100_slow_connections_neither_exhaust_node_0_nor_keep_the_real_node_out() -> None:
     """Each stranger sends a byte every half second and never a hello. Node 0 holds at most
     MAX_PENDING of them at once (MAX_PENDING_PER_SOURCE per address), evicting the oldest, so its

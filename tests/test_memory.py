@@ -198,6 +198,7 @@ print(before - resident_bytes())
 """
 
 
+@pytest.mark.slow  # over ~2 s here: the whole suite, not the fast tier
 @pytest.mark.parametrize("switch", ["on", "off"])
 def test_freed_activations_go_back_to_the_os_only_with_the_fixed_threshold(switch: str) -> None:
     """parallel.cpu_return_freed_memory: 100 MiB freed in 2 MiB pieces between live ones is returned to

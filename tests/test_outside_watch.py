@@ -93,6 +93,7 @@ def test_a_stopped_rank_is_declared_within_the_liveness_timeout_in_every_phase(
     assert took >= LIVENESS_S and failure.last_seen is not None and failure.last_seen >= stopped_at
 
 
+@pytest.mark.slow  # over ~1.5 s here: the whole suite, not the fast tier
 def test_a_busy_silent_rank_keeps_its_loading_allowance(tmp_path: Path, busy: Rank) -> None:
     """Working without a beat (the import holds the GIL) is what the start-up allowance is for."""
     beat(tmp_path, busy, Phase.LOADING)
@@ -115,6 +116,7 @@ def test_a_silent_rank_asleep_with_no_cpu_progress_is_stuck(
     assert took >= LIVENESS_S
 
 
+@pytest.mark.slow  # over ~1.5 s here: the whole suite, not the fast tier
 def test_off_the_heartbeat_rules_stand_alone(tmp_path: Path, busy: Rank) -> None:
     """resilience.process_watch=false: a stopped loading rank gets its start-up allowance again."""
     beat(tmp_path, busy, Phase.LOADING)
@@ -127,6 +129,7 @@ def test_off_the_heartbeat_rules_stand_alone(tmp_path: Path, busy: Rank) -> None
         time.sleep(0.05)
 
 
+@pytest.mark.slow  # over ~1.5 s here: the whole suite, not the fast tier
 def test_time_spent_waiting_for_a_cpu_does_not_count_against_start_up(
     tmp_path: Path, asleep: Rank, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -39,6 +39,7 @@ def until(check, timeout: float = 3.0):
     raise AssertionError(f"not within {timeout} s")
 
 
+@pytest.mark.slow  # over ~1.5 s here: the whole suite, not the fast tier
 def test_beats_keep_both_sides_alive_and_a_clean_goodbye_is_not_a_loss() -> None:
     h = hub()
     m = member(h)

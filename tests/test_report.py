@@ -310,6 +310,7 @@ def test_report_on_exact_floor(tmp_path: Path) -> None:
     assert "VIOLATED at step 6 (loss)" in rest and "<table>" in rest
 
 
+@pytest.mark.slow  # over ~2 s here: the whole suite, not the fast tier
 def test_report_on_measured_floor(tmp_path: Path) -> None:
     """A nonzero floor of two distinct repeats: the faulted run differs bitwise but stays within the
     threshold at every step. Its final parameters cannot be judged there (no checkpoints in a hand-made
@@ -333,6 +334,7 @@ def test_report_on_measured_floor(tmp_path: Path) -> None:
     assert "http" not in strip_data_uris(html_path.read_text())
 
 
+@pytest.mark.slow  # over ~2 s here: the whole suite, not the fast tier
 def test_a_flagged_all_on_cell_fails_the_report_and_the_exit_code(tmp_path: Path) -> None:
     """Issue 11, hole 5: `report` (like `experiment`) exits 1 exactly when the report opens with FAIL."""
     make_experiment(tmp_path, all_on_perturb={8: 1e-4})
@@ -349,6 +351,7 @@ def test_a_flagged_all_on_cell_fails_the_report_and_the_exit_code(tmp_path: Path
     assert "## Verdict\n\n**FAIL.**" in md and "all-on `ablation-all-on-hard` VIOLATED at step 8 (loss)" in md
 
 
+@pytest.mark.slow  # over ~2 s here: the whole suite, not the fast tier
 def test_figures_draw_what_the_analysis_computed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Issue 11, hole 8: the deviation figure is handed the run's Comparison and verdict, the timeline its
     Goodput spans; nothing is re-derived from the logs."""

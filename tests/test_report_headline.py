@@ -54,6 +54,7 @@ def test_the_headline_comes_first_with_the_rule_the_scenarios_and_the_ablation_g
     assert "∞ in a distance table" in glance and "margin: the factor" in glance
 
 
+@pytest.mark.slow  # over ~2 s here: the whole suite, not the fast tier
 def test_a_failed_experiment_says_why_in_the_headline(tmp_path: Path) -> None:
     make_experiment(tmp_path, all_on_perturb={7: 1e-3})
     md, _ = _report(tmp_path)
@@ -62,6 +63,7 @@ def test_a_failed_experiment_says_why_in_the_headline(tmp_path: Path) -> None:
     assert "| all-on | **flagged** (VIOLATED at step 7 (loss)) |" in glance
 
 
+@pytest.mark.slow  # over ~2 s here: the whole suite, not the fast tier
 def test_an_overlay_draws_violations_first_and_names_what_it_left_out(tmp_path: Path, monkeypatch) -> None:
     make_experiment(tmp_path)
     monkeypatch.setattr(figures, "MAX_RUNS_ON_ENVELOPE", 1)
@@ -74,6 +76,7 @@ def test_an_overlay_draws_violations_first_and_names_what_it_left_out(tmp_path: 
     assert figures.runs_to_overlay(summary.groups[0])[1] == ""
 
 
+@pytest.mark.slow  # over ~2 s here: the whole suite, not the fast tier
 def test_every_legend_sits_outside_the_data(tmp_path: Path, monkeypatch) -> None:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
@@ -101,6 +104,7 @@ def test_every_legend_sits_outside_the_data(tmp_path: Path, monkeypatch) -> None
     assert legends >= 5  # loss, deviation, timeline, envelope, ablation
 
 
+@pytest.mark.slow  # over ~2 s here: the whole suite, not the fast tier
 def test_each_run_lists_its_recovery_path(tmp_path: Path) -> None:
     make_experiment(tmp_path)
     events = tmp_path / "runs" / "faulted" / "events.jsonl"
@@ -135,6 +139,7 @@ def test_the_state_table_ranks_tensors_that_carry_information(tmp_path: Path) ->
     )
 
 
+@pytest.mark.slow  # over ~2 s here: the whole suite, not the fast tier
 def test_at_a_measured_floor_the_rule_is_the_envelope_and_the_headline_says_incomplete(
     tmp_path: Path,
 ) -> None:

@@ -15,6 +15,7 @@ from truestep.checkpoint.memory import snapshotter
 SLOW_S = 0.4
 
 
+@pytest.mark.slow  # over ~1.5 s here: the whole suite, not the fast tier
 def test_the_optimizer_wait_for_a_slow_capture_is_logged(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
