@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from audit_cases import audit_faulted, command, failure_free, gap_texts, make_plan
+from audit_cases import EXTRA_FLAGS, audit_faulted, command, failure_free, gap_texts, make_plan
 from truestep.analysis.verdict import Status
+from truestep.audit.plan import AuditError, run_one, write_plan
 
 pytestmark = pytest.mark.multiprocess
 
@@ -81,7 +82,9 @@ def test_a_restart_that_starts_over_is_never_preserving(exact, tmp_path: Path) -
     base, plan = exact
     summary, run = audit_faulted(base, tmp_path / "a", plan, ["kill@step=6"], "--no-resume")
     assert run.verdict.status is Status.INCOMPLETE and summary.verdict.exit_code == 8
-    assert "the restart did not resume: it started over from the first step" in gap_texts(run)
+    said = gap_texts(run)
+    assert "the run never resumed from a checkpoint" in said and "attempt 1 started at step 0" in said, said
+    assert said.count("resume") == 1, said  # one cause, one gap (the scenario rule's)
 
 
 def test_a_fault_that_never_fires_is_incomplete(exact, tmp_path: Path) -> None:
@@ -135,3 +138,16 @@ def test_a_rounded_loss_is_compared_at_its_precision_and_a_broken_resume_still_s
     ]
     assert min(floor.families["loss"].envelope.values) >= 1e-4
     assert run.verdict.status is Status.VIOLATED and summary.verdict.exit_code == 1
+
+
+def test_a_reference_that_crashed_and_restarted_cannot_serve(tmp_path: Path) -> None:
+    """A failure-free run is one attempt: a reference that crashed on its own and was restarted (here it
+    even resumed correctly, so no gap names it) is refused when it ends, in one line (exit 3)."""
+    plan = make_plan(TOY, "jsonl:log.jsonl", weights="final.safetensors")
+    write_plan(tmp_path, plan)
+    spec = next(s for s in plan.jobs() if s.role == "reference")
+    spec.env = {EXTRA_FLAGS: "--crash-once-at 6"}
+    with pytest.raises(
+        AuditError, match=r"the failure-free reference run cannot serve: it restarted \(2 attempts\)"
+    ):
+        run_one(tmp_path, spec)

@@ -11,6 +11,7 @@ Switches that break it the ways the audit must report:
   --noise            gradients carry run-to-run noise (a trainer that is not bitwise deterministic)
   --round D          the loss is logged rounded to D decimals
   --ignore-term      SIGTERM is ignored (a job that does not stop when preempted)
+  --crash-once-at N  the first run to reach step N exits 1 there (a crash no fault injected)
 """
 
 from __future__ import annotations
@@ -87,6 +88,7 @@ def main() -> None:
     p.add_argument("--noise", action="store_true")
     p.add_argument("--round", type=int)
     p.add_argument("--ignore-term", action="store_true")
+    p.add_argument("--crash-once-at", type=int)
     a = p.parse_args(sys.argv[1:] + os.environ.get(EXTRA_FLAGS, "").split())
     if a.ignore_term:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -109,6 +111,10 @@ def main() -> None:
                 loss = round(loss, a.round)
             if step % a.save_every == 0:  # before the step is logged: a logged step is a saved one
                 save_json(ckpt, {"step": step, "w": w, "m": m})
+            crashed = run / "crashed-once"
+            if step == a.crash_once_at and not crashed.exists():
+                crashed.write_text("")
+                raise SystemExit(1)
             if step not in skip:
                 line = {"step": step, "loss": loss, "grad_norm": norm, "lr": lr, "time": time.time()}
                 log.write(json.dumps(line) + "\n")

@@ -110,8 +110,15 @@ def run_one(out: Path, spec: JobSpec, tokens_per_step: int = 1) -> JobRecord:
         for e in events
         if e["event"] == EVIDENCE_GAP
     ]
-    if spec.role in ("reference", "floor") and (gaps or not steps or not job.finished):
-        why = "; ".join(gaps) or ("no step logged: check --logs" if not steps else "it did not finish")
+    restarted = len(job.attempts) > 1  # a failure-free run is one attempt (analysis/floor.py says so too)
+    if spec.role in ("reference", "floor") and (gaps or not steps or not job.finished or restarted):
+        why = "; ".join(gaps) or (
+            "no step logged: check --logs"
+            if not steps
+            else f"it restarted ({len(job.attempts)} attempts)"
+            if restarted
+            else "it did not finish"
+        )
         raise AuditError(
             f"the failure-free {spec.name} run cannot serve: {why} (see {out / 'logs' / (spec.name + '.log')})"
         )

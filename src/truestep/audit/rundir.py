@@ -120,24 +120,17 @@ def _gap(what: str, detail: str, t: float, steps: list[int] | None = None) -> di
 
 
 def _restart_events(
-    job: JobRecord, attempt: Attempt, lines: list[dict[str, Any]], first_ever: int | None
+    attempt: Attempt, lines: list[dict[str, Any]], first_ever: int | None
 ) -> list[dict[str, Any]]:
-    """The resume seen in a restarted attempt's logs, or the evidence that it did not resume: it logged
-    its first step again (started over), or it logged no step at all after a fault."""
-    if not attempt.number:
+    """The resume seen in a restarted attempt's logs: its first step comes after the job's first step.
+    A restart that logged its first step again (it started over) or logged no step did not resume; that
+    is the scenario rule's to say (analysis/scenario.py reads each attempt's run_start `start_step`), so
+    one cause is one gap."""
+    if not attempt.number or not lines:
         return []
-    t = attempt.exited or attempt.started
-    if not lines:
-        faults = [f.spec.text for f in job.fired if f.attempt == attempt.number - 1 and f.delivered]
-        if not faults:
-            return []
-        detail = f"attempt {attempt.number}, after {', '.join(faults)}, logged no step"
-        return [_gap("no resume was observed", detail, t=t)]
     first = lines[0]
     if first_ever is not None and first["step"] <= first_ever:
-        before = max(s for a in job.attempts[: attempt.number] for s in a.steps)
-        why = f"attempt {attempt.number} logged step {first['step']} again after steps up to {before}"
-        return [_gap("the restart did not resume: it started over from the first step", why, t=first["time"])]
+        return []
     return [
         {
             "event": "checkpoint_restore",
@@ -199,7 +192,7 @@ def build(job: JobRecord, tokens_per_step: int = 1) -> tuple[list[dict[str, Any]
                 **{PRECISION: precision, DIGEST_LOGGED: spec.weights is not None},
             )
         )
-        events += _restart_events(job, attempt, lines, first_ever)
+        events += _restart_events(attempt, lines, first_ever)
         if lines and first_ever is None:
             first_ever = lines[0]["step"]
         if incomplete:
