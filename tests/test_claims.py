@@ -209,3 +209,18 @@ def test_other_code_is_refused_and_compared_only_when_asked(runs, tmp_path: Path
         judge(resumed, runs["ref"])
     v = judge(resumed, runs["ref"], any_provenance=True).verdict
     assert v.status is Status.BITWISE and "[PROVENANCE DIFFERS, compared anyway: code" in v.label
+
+
+def test_two_processes_started_within_one_floats_resolution_are_two_runs(tmp_path: Path) -> None:
+    """CI, this stop: a reference and another run launched side by side logged the same process_start and
+    run_start time (equal doubles: ~0.24 us apart at most), and the resumed copy of the other was refused
+    as a copy of the reference. Which process an attempt was includes its pid; a copy keeps it."""
+    from analysis_cases import line, start, write_run
+    from truestep.analysis.provenance import same_run
+
+    metrics = [line(1, 0, 6.0)]
+    a = write_run(tmp_path / "a", metrics, [{**start(0, 5.0, 2.0), "pid": 101}])
+    b = write_run(tmp_path / "b", metrics, [{**start(0, 5.0, 2.0), "pid": 202}])
+    assert not same_run(a, b)
+    shutil.copytree(tmp_path / "a", tmp_path / "copy")
+    assert same_run(RunLog.load(tmp_path / "copy"), a)

@@ -181,10 +181,12 @@ class RunLog:
         return list(dict.fromkeys(str(e["layout"]) for e in self.named("run_start") if "layout" in e))
 
     @property
-    def identity(self) -> tuple[tuple[Any, Any], ...]:
-        """When each attempt's processes started, as logged: two directories with the same identity hold
-        one run (a copy), whatever their paths."""
-        return tuple((e.get("process_start"), e["time"]) for e in self.named("run_start"))
+    def identity(self) -> tuple[tuple[Any, Any, Any], ...]:
+        """Which process each attempt was, as logged (its start, its run_start's time, its pid): two
+        directories with the same identity hold one run (a copy), whatever their paths. The pid is part
+        of it because two runs launched side by side can log both times within one float's resolution
+        (~0.24 us at today's epoch; seen in CI: a reference and another run refused as copies)."""
+        return tuple((e.get("process_start"), e["time"], e.get("pid")) for e in self.named("run_start"))
 
     def skipped_steps(self, attempt: int) -> list[int]:
         """Steps the NaN guard skipped (non-finite loss or gradients) in one attempt."""

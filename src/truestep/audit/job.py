@@ -72,6 +72,8 @@ class Attempt:
     """When the whole process group was gone (None: something was still there after REAP_S)."""
     problems: list[str] = field(default_factory=list)
     """What the last read of the logs could not use."""
+    pid: int | None = None
+    """The command's process id (its group's leader): with `started`, which process this attempt was."""
     files: dict[str, str] = field(default_factory=dict)
     """Each argument of the command that names an existing file (the interpreter, the script, a config)
     -> its SHA-256 when the attempt started: the code's provenance, as far as a black box shows it."""
@@ -201,6 +203,7 @@ def _attempt(spec: JobSpec, job: JobRecord, number: int, watcher: _Watcher, log:
         except OSError as err:  # not found, not executable: the command line is wrong, not the job
             raise UsageError(f"cannot start the command {command[0]!r}: {err.strerror or err}") from err
     pgid, term_deadline = proc.pid, None
+    attempt.pid = proc.pid
     try:
         while proc.poll() is None:
             time.sleep(watcher.period)

@@ -181,6 +181,7 @@ def build(job: JobRecord, tokens_per_step: int = 1) -> tuple[list[dict[str, Any]
                 time=attempt.started,
                 attempt=a,
                 process_start=attempt.started,
+                pid=attempt.pid,
                 config_fingerprint=fingerprint(keys),  # the field analysis/runlog.py reads
                 trajectory_keys=keys,
                 layout=LAYOUT,
