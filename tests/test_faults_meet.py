@@ -43,9 +43,14 @@ def attempts(run: Path) -> list[int]:
     return [e["attempt"] for e in supervisor_events(run, "attempt_start")]
 
 
-def newest_commit_of_attempt_0(run: Path) -> int:
-    """Where a restart must resume: the step 10 save may or may not have committed before the kill."""
-    return max(e["step"] for e in events(run, "checkpoint_commit") if e["attempt"] == 0)
+def resumed_where_attempt_0_committed(run: Path) -> bool:
+    """A restart resumes from attempt 0's newest committed save: step 10 if its async save committed
+    before the kill, else 5. At least the newest whose checkpoint_commit attempt 0 logged: rank 0 torn
+    down between writing the marker and logging the event leaves step 10 committed without the event
+    (CI: restored 10, the events said 5). Later attempts commit 10 again, so the disk cannot say it."""
+    logged = max(e["step"] for e in events(run, "checkpoint_commit") if e["attempt"] == 0)
+    restored = events(run, "checkpoint_restore")[-1]["step"]
+    return restored in (5, 10) and restored >= logged
 
 
 def wait_for_events(run: Path, name: str, count: int, timeout: float = 400) -> list[dict]:
@@ -80,7 +85,7 @@ def test_a_fault_during_the_recovery_of_the_previous_one(
     assert fired(tmp_path) == [("train:step", 0), (point, 1)]
     assert attempts(tmp_path) == [0, 1, 2]
     assert [e["attempt"] for e in supervisor_events(tmp_path, "failure_detected")] == [0, 1]
-    assert events(tmp_path, "checkpoint_restore")[-1]["step"] == newest_commit_of_attempt_0(tmp_path)
+    assert resumed_where_attempt_0_committed(tmp_path), events(tmp_path, "checkpoint_restore")
     assert_matches_reference(tmp_path, reference)
 
 
@@ -98,7 +103,7 @@ def test_a_preemption_notice_during_a_teardown_requeues_without_a_new_attempt(
     [end] = supervisor_events(tmp_path, "supervisor_end")
     assert (end["outcome"], end["exit_code"]) == ("requeue", 75)
     assert finish(supervise(tmp_path, env={"TRUESTEP_JOB_GENERATION": "1"})) == 0  # the requeue
-    assert events(tmp_path, "checkpoint_restore")[-1]["step"] == newest_commit_of_attempt_0(tmp_path)
+    assert resumed_where_attempt_0_committed(tmp_path), events(tmp_path, "checkpoint_restore")
     assert_matches_reference(tmp_path, reference)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -51,6 +52,22 @@ def self_checks(run: Path) -> list[dict]:
 
 def copies_of(tmp_path: Path, holder: int, owner: int) -> list[Path]:
     return sorted((tmp_path / "memory").glob(f"*/*/rank{holder:05d}/c{owner:05d}.*.bin"))
+
+
+def complete_copies(tmp_path: Path, holder: int, owner: int, timeout: float = 120) -> list[Path]:
+    """The payloads of both slots once each is a complete copy (header written, payload of its declared
+    size): the copy in flight when the owner was held can still be being written (CI: an empty file)."""
+    from truestep.checkpoint.memory.holder import SLOTS, Holder
+
+    deadline = time.time() + timeout
+    while True:
+        found = copies_of(tmp_path, holder, owner)
+        held = Holder(found[0].parent) if found else None
+        if held is not None and all(held.header(owner, slot) is not None for slot in SLOTS):
+            return [held.payload(owner, slot) for slot in SLOTS]
+        if time.time() > deadline:
+            raise AssertionError(f"no two complete copies of rank {owner}'s state on rank {holder}: {found}")
+        time.sleep(0.1)
 
 
 def assert_restored_from_memory(run: Path, output: str) -> dict:
@@ -141,7 +158,7 @@ def test_a_flipped_byte_in_a_buddys_copy_is_caught_and_the_disk_serves(
     run = tmp_path / "run"
     proc = supervise(run, *memory(tmp_path), faults=hold(rank=1))
     pid = wait_until_held(run, rank=1)
-    copies = copies_of(tmp_path, holder=0, owner=1)
+    copies = complete_copies(tmp_path, holder=0, owner=1)
     assert len(copies) == 2, copies
     for copy in copies:  # both slots: whichever the restore picks
         data = bytearray(copy.read_bytes())
