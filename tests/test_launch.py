@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import ast
 import os
-import socket
 import sys
 from pathlib import Path
 
@@ -19,7 +18,7 @@ import truestep
 from truestep.core.errors import ExitCode
 from truestep.core.launch import PER_ATTEMPT_ENV, Launch, LaunchError, without_launch
 from truestep.supervisor.driver import rank_launch
-from truestep.supervisor.handoff import park, parked_env, send_line
+from truestep.supervisor.handoff import adopted_env, become_rank, parked_env
 from truestep.supervisor.restart_loop import LaunchSpec, node_launch
 
 SRC = Path(truestep.__file__).parent
@@ -149,31 +148,36 @@ def test_nothing_of_the_supervisors_own_record_leaks_into_a_ranks() -> None:
     assert Launch.from_env(rank_env) == Launch(attempt=1, job="j", supervisor_pid=1)
 
 
-def test_a_standby_adopts_the_record_it_is_handed_whole(tmp_path: Path) -> None:
-    """The handoff (supervisor/handoff.py) in-process: the standby's environment afterwards reads back as
-    exactly the record the supervisor sent, and it becomes `truestep train` (no argv is handed over)."""
+def test_a_forked_rank_adopts_the_record_it_is_handed_whole(tmp_path: Path) -> None:
+    """What a process forked by the warm template does first (supervisor/handoff.py `become_rank`),
+    in-process: its environment afterwards reads back as exactly the record the supervisor sent, and it
+    becomes `truestep train` (no argv is handed over)."""
     base = {"PATH": os.environ.get("PATH", "/bin"), "OMP_NUM_THREADS": "1"}
-    template = Launch(
-        rank=1, world_size=2, local_rank=1, local_world_size=2, attempt=0, job="j", supervisor_pid=1
+    slot0 = Launch(
+        rank=0, world_size=2, local_rank=0, local_world_size=2, attempt=0, job="j", supervisor_pid=1
     )
-    handed = template.for_rank(
-        attempt=1, master_port=2345, config_file=str(tmp_path / "attempt1.toml"), config_sha256="ef" * 32
+    handed = slot0.for_rank(
+        rank=1,
+        local_rank=1,
+        attempt=1,
+        master_port=2345,
+        config_file=str(tmp_path / "attempt1.toml"),
+        config_sha256="ef" * 32,
     )
     saved_env, saved_argv, saved_start = dict(os.environ), list(sys.argv), truestep.STARTED_AT
-    ours, theirs = socket.socketpair()
     try:
-        os.environ.clear()
-        os.environ.update(parked_env({**base, **template.to_env()}))
-        send_line(ours, {"launch": handed.to_env(), "env": base, "sent_at": 0.0})
-        argv = park(theirs.detach(), lambda: lambda: None)
+        parked = parked_env({**base, **slot0.to_env()})
+        env = adopted_env({**base, **handed.to_env()}, parked, parked)
+        argv = become_rank(handed, env, lambda: None, received=5.0, handoff={"sent_at": 4.0})
         assert argv == ["train"] and sys.argv[1:] == ["train"]
         assert Launch.from_env() == handed
+        assert (truestep.STARTED_AT, truestep.HANDED_OVER_AT) == (5.0, 4.0)
     finally:
-        ours.close()
         os.environ.clear()
         os.environ.update(saved_env)
         sys.argv[:] = saved_argv
         truestep.STARTED_AT = saved_start
+        truestep.HANDED_OVER_AT = None
 
 
 def test_no_module_but_the_launch_record_reads_a_truestep_variable() -> None:

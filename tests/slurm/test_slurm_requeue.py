@@ -25,6 +25,7 @@ from slurmtools import BackgroundRun, tail
 
 import supervised
 from harness import TINY, final_digest, loss_bits_by_step, truestep_env
+from truestep.resilience.heartbeat import read_heartbeat
 from truestep.telemetry.jsonl import read_jsonl
 
 pytestmark = pytest.mark.slurm
@@ -261,8 +262,8 @@ def test_time_limit_warning_usr1_reaches_trainer_which_requeues_itself(slurm, tm
 
 # ---------------------------------------------------------------- warm standby under SLURM
 
-# Rank 0 stalls at step 100 of the first attempt (long enough for its standby to import torch); the
-# test kills it there. A sleep changes no numerics, and the hang timeout leaves room for it.
+# Rank 0 stalls at step 100 of the first attempt; the test kills it there. A sleep changes no numerics,
+# and the hang timeout leaves room for it.
 STALL = ("sleep:at=train:step:step=100:rank=0:seconds=300", ("--resilience.hang_timeout_s=600",))
 
 
@@ -271,12 +272,22 @@ def standby_events(run_dir: Path, name: str) -> list[dict]:
 
 
 def parked_standby(slurm, run_dir: Path, out: Path) -> dict:
-    return slurm.wait_for(
+    """The node's warm template once it is ready and rank 0 (which it forked) trains."""
+    ready = slurm.wait_for(
         lambda: next(iter(standby_events(run_dir, "standby_ready")), None),
         180,
         f"a ready standby in {run_dir}",
         diagnose=lambda: tail(out),
     )
+    slurm.wait_for(
+        lambda: (
+            (beat := read_heartbeat(run_dir / "heartbeats" / "rank00000.json")) and beat["phase"] == "train"
+        ),
+        180,
+        f"rank 0 training in {run_dir}",
+        diagnose=lambda: tail(out),
+    )
+    return ready
 
 
 def gone(pid: int) -> bool:
@@ -303,12 +314,13 @@ def test_a_killed_rank_restarts_through_its_warm_standby_under_slurm(slurm, refe
     timing("rank SIGKILL -> job finished (in-place restart through the standby)", time.monotonic() - t0)
     assert final["JobState"] == "COMPLETED", f"{final.get('JobState')} {final.get('ExitCode')}\n{tail(out)}"
     assert final.get("Restarts") == "0", "SLURM requeued the job: the restart was not in place"
-    (handoff,) = standby_events(run_dir, "standby_handoff")
-    assert handoff["pid"] == standby["pid"] and handoff["ready"], handoff
-    assert standby_events(run_dir, "attempt_start")[1]["pids"] == [standby["pid"]]
+    # Both attempts' rank was forked by the one template; the restart's from a ready one.
+    first, handoff = standby_events(run_dir, "standby_handoff")
+    assert {first["template"], handoff["template"]} == {standby["pid"]} and handoff["ready"], handoff
+    assert standby_events(run_dir, "attempt_start")[1]["pids"] == [handoff["pid"]]
     assert_bitwise(run_dir, reference.result())
     spawned = [e["pid"] for e in standby_events(run_dir, "standby_spawned")]
-    slurm.wait_for(lambda: all(gone(p) for p in spawned), 10, "every standby of the job to be gone")
+    slurm.wait_for(lambda: all(gone(p) for p in spawned), 10, "the job's warm template to be gone")
 
 
 @pytest.mark.skipif("not supervised.WARM_STANDBY", reason="pytest --warm-standby=off")

@@ -8,8 +8,8 @@ traceback or a silent default.
 
 Where a record comes from:
 - `truestep launch` (the supervisor, also under SLURM): `Launch.for_rank` per rank and attempt; the
-  rank's environment is the supervisor's plus `to_env()`, and a warm standby is handed the record whole
-  (supervisor/standby.py, supervisor/handoff.py).
+  rank's environment is the supervisor's plus `to_env()`; the warm template that forks it is handed the
+  record whole (supervisor/standby.py, supervisor/handoff.py).
 - torchrun, or a plain `truestep train`: `from_env` builds it from torchrun's RANK/WORLD_SIZE/... and
   the scheduler's SLURM_JOB_ID/SLURM_RESTART_COUNT; `attempt` is None and rank 0 begins one itself.
 
@@ -87,9 +87,13 @@ def bounded_id(text: str) -> str:
 
 
 PER_ATTEMPT = ("attempt", "master_port", "config_file", "config_sha256")
-"""The fields that change from one attempt of a rank slot to the next (a warm standby learns them at its
-handoff; everything else it must already have been started with)."""
+"""The fields that change from one attempt of a rank slot to the next."""
 PER_ATTEMPT_ENV = tuple(_ENV_NAMES[name] for name in PER_ATTEMPT)
+PER_RANK = ("rank", "local_rank")
+"""The fields that tell a node's rank slots apart (its warm template, which forks every slot's rank,
+learns them with the per-attempt ones when it forks a rank)."""
+HANDED_ENV = tuple(_ENV_NAMES[name] for name in (*PER_RANK, *PER_ATTEMPT))
+"""The only variables a forked rank may learn at its handoff: who it is in this attempt."""
 
 
 class LaunchError(UsageError):

@@ -38,3 +38,17 @@ def _watch(parent: int) -> None:
     while os.getppid() == parent:
         time.sleep(WATCH_S)
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+PR_SET_CHILD_SUBREAPER = 36
+
+
+def adopt_orphans(on: bool = True) -> bool:
+    """Make this process a child subreaper (Linux: PR_SET_CHILD_SUBREAPER): a descendant whose parent
+    exits becomes its child, not init's. The supervisor is one while a warm template forks its ranks
+    (the template double-forks, so each rank is the supervisor's own child: it waits for it, and the rank
+    dies with it). False where the kernel has no such request."""
+    if not sys.platform.startswith("linux"):
+        return False
+    libc = ctypes.CDLL(None, use_errno=True)
+    return libc.prctl(PR_SET_CHILD_SUBREAPER, int(on), 0, 0, 0) == 0

@@ -34,11 +34,11 @@ from __future__ import annotations
 
 import enum
 import math
-import subprocess
 import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 from truestep.config.schema import ResilienceConfig
 from truestep.core.errors import Outcome
@@ -99,10 +99,23 @@ class Failure:
         return {**record, **(self.loss.to_event() if self.loss else {})}
 
 
+class RankProcess(Protocol):
+    """What the supervisor does with a rank's process: a fresh one (`subprocess.Popen`) or one its warm
+    template forked (supervisor/forked.py `ForkedRank`), its own child either way."""
+
+    pid: int
+    returncode: int | None
+
+    def poll(self) -> int | None: ...
+    def wait(self, timeout: float | None = None) -> int: ...
+    def send_signal(self, signum: int) -> None: ...
+    def kill(self) -> None: ...
+
+
 @dataclass
 class Rank:
     rank: int
-    proc: subprocess.Popen
+    proc: RankProcess
     spawned_at: float
     """Wall clock at spawn: the start-up deadline counts from here."""
 
