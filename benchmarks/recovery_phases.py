@@ -113,7 +113,7 @@ def phases(kind: str, run_dir: Path, fault_t: float, exit_t: float | None = None
 
 
 def standby_memory(run_dir: Path) -> list[dict[str, Any]]:
-    """The ready reports of every standby of the run (pid, warm_s, rss/pss/private KiB)."""
+    """The ready reports of the run's warm templates (pid, warm_s, rss/pss/private KiB)."""
     return [
         e
         for e in read_jsonl(run_dir / "events.jsonl")

@@ -124,6 +124,8 @@ def supervisor_sequence(
     handoffs: int, importing: int = 0, reason: str = "process_exit on rank 1"
 ) -> list[dict]:
     return [
+        # The first attempt's ranks forked by a template still importing: not part of any restart's line.
+        *[{"event": "standby_handoff", "rank": r, "ready": False} for r in range(2)],
         {"event": "attempt_start", "attempt": 0, "time": 10.0},
         {"event": "failure_detected", "attempt": 0, "kind": "process_exit", "rank": 1,
          "detail": "exit codes {1: -9}", "detected_at": 13.25},
@@ -138,8 +140,8 @@ def supervisor_sequence(
 def test_the_supervisor_says_failure_restart_warm_and_the_exit_code() -> None:
     assert said(Narrator("truestep launch"), supervisor_sequence(handoffs=2)) == [
         "truestep launch: failure detected: process_exit on rank 1 after 3.2 s of attempt 0 (exit codes {1: -9})",
-        "truestep launch: restarting as attempt 1 (restart 1 after process_exit on rank 1; warm: 2 ready "
-        "standby process(es) took over)",
+        "truestep launch: restarting as attempt 1 (restart 1 after process_exit on rank 1; warm: 2 rank(s) "
+        "forked from the ready template)",
         "truestep launch: exit 75 (requeue me): preempted, checkpoint saved; requeue the job or run the same "
         "command again",
     ]
@@ -155,13 +157,13 @@ def test_a_restart_without_standbys_is_said_cold() -> None:
 @pytest.mark.parametrize(
     ("importing", "how"),
     [
-        (2, "2 standby process(es) still importing took over: no faster than a cold start"),
-        (1, "warm: 1 ready standby process(es) took over, 1 still importing"),
+        (2, "2 rank(s) forked from a template still importing: no faster than a cold start"),
+        (1, "warm: 1 rank(s) forked from the ready template, 1 while it was still importing"),
     ],
 )
-def test_standbys_still_importing_are_not_called_warm(importing: int, how: str) -> None:
-    """`standby_handoff.ready` false: the standby had not finished importing torch; the restart then
-    takes as long as a cold one (0 of 64 were ready in a loaded campaign)."""
+def test_ranks_forked_by_a_template_still_importing_are_not_called_warm(importing: int, how: str) -> None:
+    """`standby_handoff.ready` false: the template had not finished importing torch; the restart then
+    takes as long as a cold one (0 of 64 per-slot standbys were ready in a loaded campaign)."""
     lines = said(Narrator("truestep launch"), supervisor_sequence(handoffs=2, importing=importing))
     assert (
         lines[1]

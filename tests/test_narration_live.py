@@ -54,9 +54,10 @@ def test_a_lost_rank_then_a_preemption_are_narrated_one_line_each(tmp_path: Path
     # The surviving rank's broken collective: one line here, its traceback in the event log.
     failed = events(tmp_path, "run_failed")
     assert all("Traceback" in e["traceback"] for e in failed)
-    # Said as another rank's failure, by the rank that says it, never as a network fault.
+    # Said as another rank's failure, by the rank that says it, never as a network fault. The rank writes
+    # its event first and its line after: the supervisor's teardown (SIGKILL) may end it in between.
     echoes = [line for line in lines if "another rank of this job failed" in line]
-    assert len(echoes) == len(failed) and all(line.startswith("truestep train: rank ") for line in echoes)
+    assert len(echoes) <= len(failed) and all(line.startswith("truestep train: rank ") for line in echoes)
     assert not any("Connection" in line or "peer" in line for line in lines), lines
 
 

@@ -81,8 +81,8 @@ class CheckpointOverhead:
 
 def attempt_starts(run: RunLog) -> dict[int, float]:
     """Trainer attempt -> its first process start (run_start.process_start, else run_start's time; for a
-    warm standby the handoff, `run_start.handoff_at`, if earlier: a standby still importing when handed
-    its rank starts being it there, and the wait for its imports is its start-up, not a requeue wait)."""
+    rank the warm template forked, the handoff, `run_start.handoff_at`, if earlier: a rank handed to a
+    template still importing starts being it there, and the wait for its imports is its start-up, not a requeue wait)."""
     began: dict[int, float] = {}
     for e in run.named("run_start"):
         t = float(e.get("process_start", e["time"]))

@@ -319,10 +319,10 @@ class ResilienceConfig:
     collective_timeout_s: float = 60.0
     """Collective timeout once the first step is done (parallel.init_timeout_s applies before)."""
     warm_standby: bool = True
-    """Mechanism switch (speed, not correctness): `truestep launch` keeps one parked process per rank
-    slot that has already imported torch and truestep, and hands it the rank at a restart instead of
-    starting a cold process (docs/resilience.md, "Warm standby"). Costs one idle process per rank
-    (memory only: see benchmarks/README.md); never touches the GPU. Off = every restart starts cold."""
+    """Mechanism switch (speed, not correctness): `truestep launch` starts one template process per node
+    that imports torch and truestep once and forks every rank of every attempt from it, instead of a cold
+    process per rank (docs/resilience.md, "Warm standby"). Costs one idle process per node (memory
+    only); never touches the GPU. Off = every rank starts cold."""
     node_watch: bool = True
     """Mechanism switch: the supervisors of a multi-node job watch each other over the job's network and
     stop for a requeue when a node is gone. Off = a lost node is seen only as local rank failures: the

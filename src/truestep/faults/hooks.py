@@ -73,7 +73,7 @@ def _attempt() -> int:
 
 
 def _elapsed() -> float:
-    # Without a job clock: since this process started (a warm standby's start is its handoff).
+    # Without a job clock: since this process started (a forked rank's start is its fork).
     return time.time() - (_launch().job_start or truestep.STARTED_AT)
 
 

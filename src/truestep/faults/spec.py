@@ -18,7 +18,7 @@ User-facing kinds (`--fault` on train/launch/experiment, or TRUESTEP_FAULTS, ';'
   kill:at=snapshot:replicating:rank=1:step=N   SIGKILL rank 1 while its snapshot of step N is copied
                                   to its buddies (resilience.snapshot_every_steps)
   kill:at=rendezvous:rank=1       SIGKILL rank 1 as it joins the process group (its peers wait in it)
-  kill:at=handoff:rank=0          SIGKILL the warm standby handed rank 0, before it becomes the rank
+  kill:at=handoff:rank=0          SIGKILL the process the warm template forked for rank 0, before it becomes the rank
   term:at=teardown                the preemption notice, while the supervisor tears an attempt down
 Any of them may use `time=SECONDS` (since the job started) or `from=N` (the first time at a step >= N,
 e.g. whichever save comes next) instead of `step=N`. `restart=K` (default 0)
@@ -55,8 +55,8 @@ POINTS = (
     "snapshot:replicating",
 )
 """Where a fault can fire. In a rank: startup (before its first heartbeat), rendezvous (before it joins
-the process group), restore, train:step/loss, save:*, snapshot:replicating (its background thread); in a warm standby: handoff (it was just handed its
-rank); in the supervisor: teardown (it is killing the ranks of a failed attempt)."""
+the process group), restore, train:step/loss, save:*, snapshot:replicating (its background thread); in a process the warm template forked: handoff (before it
+becomes the rank); in the supervisor: teardown (it is killing the ranks of a failed attempt)."""
 KINDS = ("kill", "term", "hang", "crash-in-save", "corrupt", "nan", "slow", "crash", "sleep", "mutate")
 _FIELDS = {
     "at",

@@ -156,7 +156,7 @@ def measure(path: Path) -> Measured:
             _spans(a.goodput, "requeue_wait"),
         )
         for attempt, kind in kinds.items():
-            if kind == "in_place":  # wait + start-up together: a standby still importing shows as wait
+            if kind == "in_place":  # wait + start-up together: a template still importing shows as wait
                 in_place.append(wait.get(attempt, 0.0) + startup.get(attempt, 0.0))
             else:
                 cold.append(startup.get(attempt))

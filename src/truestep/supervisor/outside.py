@@ -13,7 +13,7 @@ process is stopped. The kernel knows more, every poll, for every rank:
   importing anything, it is stuck: declared after `liveness_timeout_s` (`no_cpu_progress`);
 - time it spent runnable but waiting for a CPU (state `R`, its CPU time growing slower than the clock)
   is an overloaded machine's, not the rank's: the start-up and loading deadlines do not count it, so a
-  standby handed its rank while still importing on a loaded machine is not declared for its imports
+  rank waiting for a template still importing on a loaded machine is not declared for those imports
   (it was, after 40 s at load 13 on 2 cores).
 
 Where there is no /proc (not Linux) or the file cannot be read, nothing here says anything and the

@@ -51,7 +51,7 @@ class Narrator:
     restart_reason: str = ""
     handoffs: int = 0
     handoffs_importing: int = 0
-    """Of `handoffs`, standbys still importing when handed their rank (no faster than a cold start)."""
+    """Of `handoffs`, ranks handed to a template still importing (no faster than a cold start)."""
     committed: set[int] = field(default_factory=set)
     """Steps whose checkpoint this writer saw committed (checkpoint_commit)."""
     banner: bool = True
@@ -279,19 +279,21 @@ def _nan_rollback(n: Narrator, r: dict[str, Any]) -> str:
 
 def _attempt_start(n: Narrator, r: dict[str, Any]) -> str | None:
     n.attempt_started = float(r.get("time", 0.0))
-    if not n.restarting:
-        return None
     handed, importing, restart, reason = n.handoffs, n.handoffs_importing, n.restarting, n.restart_reason
-    n.restarting = n.handoffs = n.handoffs_importing = 0
+    n.restarting = n.handoffs = n.handoffs_importing = 0  # the first attempt's forks are not a restart's
+    if not restart:
+        return None
     ready = handed - importing
     if not handed:
         how = "cold: fresh processes"
     elif not importing:
-        how = f"warm: {ready} ready standby process(es) took over"
+        how = f"warm: {ready} rank(s) forked from the ready template"
     elif not ready:
-        how = f"{importing} standby process(es) still importing took over: no faster than a cold start"
+        how = f"{importing} rank(s) forked from a template still importing: no faster than a cold start"
     else:
-        how = f"warm: {ready} ready standby process(es) took over, {importing} still importing"
+        how = (
+            f"warm: {ready} rank(s) forked from the ready template, {importing} while it was still importing"
+        )
     after = f" after {reason}" if reason else ""
     return f"restarting as attempt {r.get('attempt')} (restart {restart}{after}; {how})"
 

@@ -2,7 +2,7 @@
 
 The phases, in seconds (0 for one that did not happen in this start):
 
-- `import`: from truestep's import (the process's start as a rank; a warm standby's handoff) to the
+- `import`: from truestep's import (the process's start as a rank; for a forked rank, its fork) to the
   process group's rendezvous: Python loading torch and truestep;
 - `build`: the Trainer's construction: the model allocated (never initialized there), optimizer, data;
 - `init`: the fresh start's random initialization (`Trainer.initialize`): 0 on a resume;

@@ -51,7 +51,7 @@ def run_rank(cfg: JobConfig, launch: Launch) -> int:
         from truestep.train.run import run_training  # torch and the model: after the first heartbeat
 
         status.phase = Phase.STARTUP
-        if heartbeat is not None:  # seen before anything else happens (a warm standby restores at once)
+        if heartbeat is not None:  # seen before anything else happens (a forked rank restores at once)
             heartbeat.beat_now()
         return run_training(cfg, launch, status, attempt)
     finally:

@@ -167,7 +167,7 @@ class Trainer:
             start_step=self.state.step,
             process_start=truestep.STARTED_AT,
             pid=os.getpid(),  # with process_start and this event's time: which process this attempt was
-            handoff_at=truestep.HANDED_OVER_AT,  # a warm standby's rank began here (truestep/__init__.py)
+            handoff_at=truestep.HANDED_OVER_AT,  # a forked rank's life began here (truestep/__init__.py)
             max_steps=self.cfg.train.max_steps,
             faults=[spec.text for spec in armed_faults()],  # an armed fault is never silent
             state=asdict(self.state),
