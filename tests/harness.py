@@ -12,6 +12,8 @@ import sys
 import threading
 from pathlib import Path
 
+from forkserver import forks
+
 # A tiny model: steps take milliseconds, so multi-process tests on 2 cores stay quick.
 TINY = [
     "--model.dim=64",
@@ -81,19 +83,23 @@ def launch(
     args = ["train", config, f"--run.dir={run_dir}", *TINY, *overrides]
     if (env or {}).get("TRUESTEP_FAULTS"):
         args.append("--allow-env-faults")  # this test arms faults through the environment on purpose
-    if nproc == 1:
-        cmd = [sys.executable, "-m", "truestep", *args]
-    else:
-        cmd = [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            f"--nproc-per-node={nproc}",
-            "-m",
-            "truestep",
-            *args,
-        ]
+    if nproc == 1:  # a process forked by the tests' server, which imported torch once (forkserver.py)
+        proc = forks().run(args, truestep_env(env), timeout)
+        if check and proc.returncode != 0:
+            raise AssertionError(
+                f"truestep {' '.join(args)} exited {proc.returncode}\n--- stderr ---\n{proc.stderr[-6000:]}"
+            )
+        return proc
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={nproc}",
+        "-m",
+        "truestep",
+        *args,
+    ]
     proc = subprocess.run(cmd, env=truestep_env(env), capture_output=True, text=True, timeout=timeout)
     if check and proc.returncode != 0:
         raise AssertionError(

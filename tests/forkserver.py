@@ -1,0 +1,207 @@
+"""A fork server for the tests' single-process `truestep train` runs (harness.launch).
+
+A fresh interpreter spends ~2.5 CPU-s importing torch and truestep before a tiny run's first step, and
+the session's background runs (conftest.py's pool: the crash, corruption, pickle and config cases) start
+about ninety of them from threads, where a run cannot be made in-process (a rank installs signal
+handlers). This server imports once and forks each run, as the product's warm template forks ranks
+(supervisor/handoff.py): the child leads its own session, adopts the run's environment, working
+directory and argv, puts the torch RNG back to what `import torch` left, restarts the process clock and
+runs `truestep.cli.main.main` -- a real process, with its own exit code, signals and output.
+
+The server is `python tests/forkserver.py`, one JSON object per line each way on its stdin/stdout:
+requests {"id", "argv", "env", "cwd", "stdout", "stderr"}; answers {"id", "pid"} once forked and
+{"id", "code"} (Popen's convention: -N for signal N) once the child is reaped. It exits at EOF.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import queue
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from pathlib import Path
+
+POLL_S = 0.02
+
+
+def _child(request: dict, rng: object) -> None:
+    """In the forked process: become the run, and never return."""
+    code = 1
+    try:
+        os.setsid()
+        os.chdir(request["cwd"])
+        os.environ.clear()
+        os.environ.update(request["env"])
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        for fd, path in ((1, request["stdout"]), (2, request["stderr"])):
+            target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            os.dup2(target, fd)
+            os.close(target)
+        import torch
+
+        import truestep
+        from truestep.cli.main import main
+
+        torch.set_rng_state(rng)  # type: ignore[arg-type]
+        truestep.STARTED_AT = time.time()
+        sys.argv = ["truestep", *request["argv"]]
+        code = main(list(request["argv"]))
+    except SystemExit as done:
+        code = done.code if isinstance(done.code, int) else 1
+    except BaseException:  # noqa: BLE001 - a fresh interpreter would print it and exit 1
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+def serve() -> None:
+    import torch
+
+    rng = torch.get_rng_state()  # what a fresh process's default generator holds after `import torch`
+    import importlib
+
+    from truestep.train.warm import LAZY_MODULES
+
+    # What a run imports (train/warm.py's list, under train.deterministic too), and the CLI.
+    for name in ("truestep.cli.main", "truestep.train.run", "torch._inductor.config", *LAZY_MODULES):
+        importlib.import_module(name)
+
+    if len(os.listdir("/proc/self/task")) != 1:
+        raise SystemExit("forkserver: the imports left threads; it forks only single-threaded")
+    children: dict[int, int] = {}
+    pending = b""
+    open_input = True
+    while open_input or children:
+        while children:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+            if pid == 0:
+                break
+            _answer({"id": children.pop(pid), "code": os.waitstatus_to_exitcode(status)})
+        if not open_input:
+            time.sleep(POLL_S)
+            continue
+        if select.select([0], [], [], POLL_S)[0]:
+            chunk = os.read(0, 65536)
+            open_input = bool(chunk)
+            pending += chunk
+        while b"\n" in pending:
+            line, pending = pending.split(b"\n", 1)
+            request = json.loads(line)
+            pid = os.fork()
+            if pid == 0:
+                _child(request, rng)
+            children[pid] = request["id"]
+            _answer({"id": request["id"], "pid": pid})
+
+
+def _answer(record: dict) -> None:
+    os.write(1, (json.dumps(record) + "\n").encode())
+
+
+# ------------------------------------------------------------------------------ the tests' side
+
+
+class ForkServer:
+    """The session's server (started on first use, ended at exit) and the runs it forks for any thread."""
+
+    def __init__(self) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, __file__], stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True
+        )
+        self.lock = threading.Lock()
+        self.next_id = 0
+        self.waiting: dict[int, queue.Queue] = {}
+        self.outputs = Path(tempfile.mkdtemp(prefix="truestep-forks-"))
+        threading.Thread(target=self._read, name="forkserver-answers", daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            answer = json.loads(line)
+            with self.lock:
+                box = self.waiting.get(answer["id"])
+            if box is not None:
+                box.put(answer)
+        with self.lock:  # the server is gone: nobody waits forever
+            for box in self.waiting.values():
+                box.put({"gone": True})
+
+    def run(self, argv: list[str], env: dict[str, str], timeout: float) -> subprocess.CompletedProcess:
+        """`python -m truestep ARGV` as a process forked by the server: its code and what it printed."""
+        with self.lock:
+            self.next_id += 1
+            ident, box = self.next_id, queue.Queue()
+            self.waiting[ident] = box
+            out, err = self.outputs / f"{ident}.out", self.outputs / f"{ident}.err"
+            request = {
+                "id": ident,
+                "argv": argv,
+                "env": env,
+                "cwd": os.getcwd(),
+                "stdout": str(out),
+                "stderr": str(err),
+            }
+            assert self.proc.stdin is not None
+            self.proc.stdin.write((json.dumps(request) + "\n").encode())
+            self.proc.stdin.flush()
+        try:
+            pid = self._get(box, 60)["pid"]
+            try:
+                code = self._get(box, timeout)["code"]
+            except queue.Empty:
+                os.kill(pid, signal.SIGKILL)
+                self._get(box, 60)
+                raise subprocess.TimeoutExpired(["truestep", *argv], timeout) from None
+        finally:
+            with self.lock:
+                del self.waiting[ident]
+        done = subprocess.CompletedProcess(["truestep", *argv], code, out.read_text(), err.read_text())
+        out.unlink()
+        err.unlink()
+        return done
+
+    def _get(self, box: queue.Queue, timeout: float) -> dict:
+        answer = box.get(timeout=timeout)
+        if answer.get("gone"):
+            raise RuntimeError(f"the tests' fork server exited ({self.proc.poll()})")
+        return answer
+
+    def close(self) -> None:
+        if self.proc.stdin is not None:
+            self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        shutil.rmtree(self.outputs, ignore_errors=True)
+
+
+_server: ForkServer | None = None
+_server_lock = threading.Lock()
+
+
+def forks() -> ForkServer:
+    """The session's fork server (started on first use; ended when the session's process exits)."""
+    global _server
+    with _server_lock:
+        if _server is None or _server.proc.poll() is not None:
+            _server = ForkServer()
+            atexit.register(_server.close)
+        return _server
+
+
+if __name__ == "__main__":
+    serve()
