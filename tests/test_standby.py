@@ -293,3 +293,25 @@ def test_a_template_that_dies_before_it_is_ready_switches_warm_standby_off(
     assert names == ["standby_lost", "standby_disabled"]
     assert not pool.enabled and pool.standby is None
     assert "warm standby switched off for this job" in capfd.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("warmup", "said"),
+    [
+        ("threading.Thread(target=time.sleep, args=(30,), daemon=True).start()", "threads in this process"),
+        ('setattr(torch.cuda, "is_initialized", lambda: True)', "the warm-up initialized CUDA"),
+    ],
+)
+def test_a_template_refuses_to_fork_what_a_fork_would_break(warmup: str, said: str) -> None:
+    """A fork copies one thread and no CUDA context: a template whose warm-up left either must say so
+    and exit before it is ready (the pool then switches warm standby off), never fork a broken rank."""
+    script = f"""
+import socket, threading, time, torch
+from truestep.supervisor.handoff import serve
+ours, theirs = socket.socketpair()
+serve(theirs.detach(), lambda: ({warmup}, (lambda: None))[1])
+"""
+    proc = subprocess.run(
+        [sys.executable, "-c", script], env=truestep_env(), capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 1 and said in proc.stderr, proc.stderr

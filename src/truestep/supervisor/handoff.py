@@ -133,6 +133,10 @@ def serve(fd: int, warmup: Warmup) -> list[str]:
     if threads != 1:
         # A fork copies only the forking thread: a lock another thread held would stay held in every rank.
         _refuse(f"the warm-up left {threads} threads in this process; it forks ranks only single-threaded")
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        # A CUDA context does not survive a fork: every forked rank would fail its first CUDA call.
+        _refuse("the warm-up initialized CUDA; a template must not (its ranks create their own contexts)")
     ready = time.time()
     # The supervisor may have handed ranks over, and closed its end, while we were still importing:
     # then there is nobody to tell that we are ready, and the handoffs are waiting to be read.

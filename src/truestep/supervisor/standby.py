@@ -173,6 +173,9 @@ class StandbyPool:
                     return ForkedRank(pid)
             self.standby = None
             self._discard(standby, reason)
+            code = standby.proc.returncode
+            if standby.ready is None and code is not None and code >= 0:
+                self._lost(standby, code)  # it exited before it was ever ready: a replacement would too
         with held_for_child():  # a preemption notice before its handlers waits for them
             return subprocess.Popen(RANK_COMMAND, env=env, start_new_session=True)
 
