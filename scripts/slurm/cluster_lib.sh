@@ -33,6 +33,16 @@ pid_alive() { # pidfile -> 0 if the process in it is alive and is the daemon the
     [[ -n $state && $state != Z && $state != X ]]
 }
 
+daemon_gone() { # pidfile -> 0 if the daemon stays not alive over a second (its pid file can be caught
+    # empty or naming its pre-daemonize parent while it starts: one look is not proof that it exited)
+    local try
+    for try in 1 2 3 4 5; do
+        pid_alive "$1" && return 1
+        sleep 0.2
+    done
+    return 0
+}
+
 install_packages() {
     local missing=() p
     for p in "${PACKAGES[@]}"; do

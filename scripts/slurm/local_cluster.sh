@@ -114,11 +114,11 @@ wait_idle() {
             fi
             ;;
         esac
-        pid_alive "$RUN/slurmctld.pid" || {
+        daemon_gone "$RUN/slurmctld.pid" && {
             tail_logs
             die "slurmctld exited (log: $LOGDIR/slurmctld.log)"
         }
-        pid_alive "$RUN/slurmd.pid" || {
+        daemon_gone "$RUN/slurmd.pid" && {
             tail_logs
             die "slurmd exited (log: $LOGDIR/slurmd.log)"
         }

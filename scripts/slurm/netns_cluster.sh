@@ -224,7 +224,7 @@ wait_idle() { # nodes...: wait (bounded) until each is idle, resuming it once if
             pending+=" n$i(${state:-no answer})"
         done
         [[ -z $pending ]] && return 0
-        pid_alive "$RUN/slurmctld.pid" || {
+        daemon_gone "$RUN/slurmctld.pid" && {
             tail -n 25 "$LOGDIR/slurmctld.log" >&2
             die "slurmctld exited (log: $LOGDIR/slurmctld.log)"
         }
