@@ -280,9 +280,9 @@ def _nan_rollback(n: Narrator, r: dict[str, Any]) -> str:
 def _attempt_start(n: Narrator, r: dict[str, Any]) -> str | None:
     n.attempt_started = float(r.get("time", 0.0))
     handed, importing, restart, reason = n.handoffs, n.handoffs_importing, n.restarting, n.restart_reason
-    n.restarting = n.handoffs = n.handoffs_importing = 0  # the first attempt's forks are not a restart's
     if not restart:
         return None
+    n.restarting = n.handoffs = n.handoffs_importing = 0
     ready = handed - importing
     if not handed:
         how = "cold: fresh processes"
