@@ -100,8 +100,8 @@ def pool():
 @pytest.fixture(scope="session")
 def layout_reference(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
     """layout name -> its failure-free torchrun run (harness.LAYOUT_REFERENCE), run once per session on
-    first use: what every resumed run of that layout must match bit for bit, whether torchrun or the
-    supervisor restarted it (tests/test_resume_bitwise.py, test_standby.py), and the single-process
+    first use: what every resumed run of that layout must match bit for bit, whether the tests' fork
+    server (harness.launch) or the supervisor started it (tests/test_resume_bitwise.py, test_standby.py), and the single-process
     trajectory a resharded resume must keep (test_reshard.py)."""
     runs: dict[str, Path] = {}
 
@@ -109,7 +109,8 @@ def layout_reference(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str]
         if name not in runs:
             nproc, extra = harness.LAYOUTS[name]
             run_dir = tmp_path_factory.mktemp(f"ref-{name}")
-            harness.launch(run_dir, *harness.LAYOUT_REFERENCE, *extra, nproc=nproc)
+            launcher = "torchrun" if nproc > 1 else "fork"  # resumes launched otherwise must match torchrun's
+            harness.launch(run_dir, *harness.LAYOUT_REFERENCE, *extra, nproc=nproc, launcher=launcher)
             runs[name] = run_dir
         return runs[name]
 

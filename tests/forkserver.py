@@ -1,4 +1,4 @@
-"""A fork server for the tests' single-process `truestep train` runs (harness.launch).
+"""A fork server for the tests' `truestep train` runs (harness.launch), one process or a job's ranks.
 
 A fresh interpreter spends ~2.5 CPU-s importing torch and truestep before a tiny run's first step, and
 the session's background runs (conftest.py's pool: the crash, corruption, pickle and config cases) start
@@ -6,7 +6,10 @@ about ninety of them from threads, where a run cannot be made in-process (a rank
 handlers). This server imports once and forks each run, as the product's warm template forks ranks
 (supervisor/handoff.py): the child leads its own session, adopts the run's environment, working
 directory and argv, puts the torch RNG back to what `import torch` left, restarts the process clock and
-runs `truestep.cli.main.main` -- a real process, with its own exit code, signals and output.
+runs `truestep.cli.main.main` -- a real process, with its own exit code, signals and output. A job of
+several ranks (`run_ranks`) is what torchrun makes of it, less torchrun's own interpreter and each
+worker's imports: one forked process per rank with torchrun's variables (harness.rank_envs), the rest
+terminated when one fails, code 1 for a failed job.
 
 The server is `python tests/forkserver.py`, one JSON object per line each way on its stdin/stdout:
 requests {"id", "argv", "env", "cwd", "stdout", "stderr"}; answers {"id", "pid"} once forked and
@@ -16,6 +19,7 @@ requests {"id", "argv", "env", "cwd", "stdout", "stderr"}; answers {"id", "pid"}
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
 import queue
@@ -31,6 +35,8 @@ import traceback
 from pathlib import Path
 
 POLL_S = 0.02
+TERM_GRACE_S = 30.0
+"""How long a job's other processes have between SIGTERM and SIGKILL once one failed (torchrun's)."""
 
 
 def _child(request: dict, rng: object) -> None:
@@ -118,7 +124,11 @@ class ForkServer:
 
     def __init__(self) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, __file__], stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True
+            [sys.executable, __file__],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            start_new_session=True,
+            env={**os.environ, "OMP_NUM_THREADS": "1"},  # what each run gets (harness.truestep_env)
         )
         self.lock = threading.Lock()
         self.next_id = 0
@@ -140,6 +150,32 @@ class ForkServer:
 
     def run(self, argv: list[str], env: dict[str, str], timeout: float) -> subprocess.CompletedProcess:
         """`python -m truestep ARGV` as a process forked by the server: its code and what it printed."""
+        return self.run_ranks(argv, [env], timeout)
+
+    def run_ranks(
+        self, argv: list[str], envs: list[dict[str, str]], timeout: float
+    ) -> subprocess.CompletedProcess:
+        """One process per environment, all running `python -m truestep ARGV`, as torchrun runs a job's
+        workers: the first to fail has the others terminated (SIGTERM, then SIGKILL after TERM_GRACE_S)
+        and makes the job's code 1 (torchrun's); all ending 0 make it 0. Their output is each process's in
+        turn, the first environment's first. One process keeps its own code."""
+        started = [self._submit(argv, env) for env in envs]
+        try:
+            pids = [self._get(box, 60)["pid"] for _, box, _, _ in started]
+            codes = self._wait_all(started, pids, timeout, argv)
+        finally:
+            with self.lock:
+                for ident, _, _, _ in started:
+                    self.waiting.pop(ident, None)
+        out = "".join(path.read_text() for _, _, path, _ in started)
+        err = "".join(path.read_text() for _, _, _, path in started)
+        for _, _, out_path, err_path in started:
+            out_path.unlink()
+            err_path.unlink()
+        code = codes[0] if len(codes) == 1 else (0 if not any(codes) else 1)
+        return subprocess.CompletedProcess(["truestep", *argv], code, out, err)
+
+    def _submit(self, argv: list[str], env: dict[str, str]) -> tuple[int, queue.Queue, Path, Path]:
         with self.lock:
             self.next_id += 1
             ident, box = self.next_id, queue.Queue()
@@ -156,21 +192,36 @@ class ForkServer:
             assert self.proc.stdin is not None
             self.proc.stdin.write((json.dumps(request) + "\n").encode())
             self.proc.stdin.flush()
-        try:
-            pid = self._get(box, 60)["pid"]
-            try:
-                code = self._get(box, timeout)["code"]
-            except queue.Empty:
-                os.kill(pid, signal.SIGKILL)
-                self._get(box, 60)
-                raise subprocess.TimeoutExpired(["truestep", *argv], timeout) from None
-        finally:
-            with self.lock:
-                del self.waiting[ident]
-        done = subprocess.CompletedProcess(["truestep", *argv], code, out.read_text(), err.read_text())
-        out.unlink()
-        err.unlink()
-        return done
+        return ident, box, out, err
+
+    def _wait_all(self, started: list, pids: list[int], timeout: float, argv: list[str]) -> list[int]:
+        """Every process's code; the first non-zero one terminates the rest, a timeout kills them all.
+        (A signal can only miss: the server reaps a process before it answers, and a pid it reaped is
+        in `codes` by the next pass.)"""
+        codes: dict[int, int] = {}
+        deadline = time.monotonic() + timeout
+        kill_at: float | None = None
+        while len(codes) < len(started):
+            for index, (_, box, _, _) in enumerate(started):
+                if index not in codes:
+                    with contextlib.suppress(queue.Empty):
+                        codes[index] = self._get(box, 0)["code"]
+                        if codes[index] != 0 and kill_at is None and len(started) > 1:
+                            kill_at = time.monotonic() + TERM_GRACE_S
+                            _signal_all(pids, codes, signal.SIGTERM)
+            now = time.monotonic()
+            if now > deadline:
+                _signal_all(pids, codes, signal.SIGKILL)
+                for index, (_, box, _, _) in enumerate(started):
+                    if index not in codes:
+                        self._get(box, 60)
+                raise subprocess.TimeoutExpired(["truestep", *argv], timeout)
+            if kill_at is not None and now > kill_at:
+                _signal_all(pids, codes, signal.SIGKILL)
+                kill_at = float("inf")
+            if len(codes) < len(started):
+                time.sleep(POLL_S)
+        return [codes[index] for index in range(len(started))]
 
     def _get(self, box: queue.Queue, timeout: float) -> dict:
         answer = box.get(timeout=timeout)
@@ -187,6 +238,13 @@ class ForkServer:
             self.proc.kill()
             self.proc.wait()
         shutil.rmtree(self.outputs, ignore_errors=True)
+
+
+def _signal_all(pids: list[int], done: dict[int, int], signum: int) -> None:
+    for index, pid in enumerate(pids):
+        if index not in done:
+            with contextlib.suppress(ProcessLookupError):  # it ended and the server reaped it just now
+                os.kill(pid, signum)
 
 
 _server: ForkServer | None = None

@@ -6,10 +6,12 @@ import contextlib
 import io
 import json
 import os
+import socket
 import struct
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 from forkserver import forks
@@ -64,15 +66,25 @@ def launch(
     env: dict[str, str] | None = None,
     timeout: float = 240,
     check: bool = True,
+    launcher: str = "fork",
 ) -> subprocess.CompletedProcess:
-    """Run `truestep train` on the tiny test model; nproc > 1 goes through torchrun --standalone.
+    """Run `truestep train` on the tiny test model: `nproc` processes forked by the tests' fork server
+    with torchrun's environment (forkserver.py), or with launcher="torchrun" under torchrun --standalone
+    (the layout references: what every forked or supervised resume must match bit for bit).
 
     One process with nothing a process is needed for (no fault, no environment of its own) runs in this
     test process (`run_in_process`: the same rank through its front door, without the seconds of a fresh
     interpreter importing torch); a config that does not load goes through the real CLI, whose one-line
     refusal is what a test of it expects."""
+    assert launcher in ("fork", "torchrun"), launcher
     in_main_thread = threading.current_thread() is threading.main_thread()  # a rank installs signal handlers
-    if nproc == 1 and not env and in_main_thread and not any(o.startswith("--fault") for o in overrides):
+    if (
+        nproc == 1
+        and launcher == "fork"
+        and not env
+        and in_main_thread
+        and not any(o.startswith("--fault") for o in overrides)
+    ):
         done = _in_process(run_dir, config, list(overrides))
         if done is not None:
             if check and done.returncode != 0:
@@ -83,11 +95,12 @@ def launch(
     args = ["train", config, f"--run.dir={run_dir}", *TINY, *overrides]
     if (env or {}).get("TRUESTEP_FAULTS"):
         args.append("--allow-env-faults")  # this test arms faults through the environment on purpose
-    if nproc == 1:  # a process forked by the tests' server, which imported torch once (forkserver.py)
-        proc = forks().run(args, truestep_env(env), timeout)
+    if launcher == "fork":  # processes forked by the tests' server, which imported torch once
+        proc = forks().run_ranks(args, rank_envs(truestep_env(env), nproc), timeout)
         if check and proc.returncode != 0:
             raise AssertionError(
-                f"truestep {' '.join(args)} exited {proc.returncode}\n--- stderr ---\n{proc.stderr[-6000:]}"
+                f"truestep {' '.join(args)} ({nproc} forked ranks) exited {proc.returncode}\n"
+                f"--- stderr ---\n{proc.stderr[-6000:]}"
             )
         return proc
     cmd = [
@@ -106,6 +119,29 @@ def launch(
             f"{' '.join(cmd)} exited {proc.returncode}\n--- stderr ---\n{proc.stderr[-6000:]}"
         )
     return proc
+
+
+def rank_envs(env: dict[str, str], nproc: int) -> list[dict[str, str]]:
+    """Each rank's environment in a one-node job of `nproc` ranks: `env` and what torchrun would add
+    that a rank reads (core/launch.py), with a free local port for rank 0's store."""
+    if nproc == 1:
+        return [env]
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    return [
+        {
+            **env,
+            "RANK": str(rank),
+            "LOCAL_RANK": str(rank),
+            "WORLD_SIZE": str(nproc),
+            "LOCAL_WORLD_SIZE": str(nproc),
+            "GROUP_RANK": "0",
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+        }
+        for rank in range(nproc)
+    ]
 
 
 def _in_process(run_dir: Path, config: str, overrides: list[str]) -> subprocess.CompletedProcess | None:
@@ -184,3 +220,15 @@ def run_in_process_captured(run_dir: Path, *overrides: str, config: str = "tiny"
     with contextlib.redirect_stderr(said):
         code = run_in_process(run_dir, *overrides, config=config)
     return code, said.getvalue()
+
+
+def gloo_ranks(worker: Callable[..., None], args: tuple, nprocs: int) -> None:
+    """`torch.multiprocessing.spawn(worker, args, nprocs)` with the ranks forked by multiprocessing's
+    fork server, which imports torch and the test's rank modules once per session (a spawned rank
+    imports them itself: ~3 CPU-s each); a rank that fails still fails the call with its traceback."""
+    import multiprocessing
+
+    import torch.multiprocessing as mp
+
+    multiprocessing.set_forkserver_preload(["torch", "init_cases", "integrity_cases"])  # read at its start
+    mp.start_processes(worker, args=args, nprocs=nprocs, start_method="forkserver")

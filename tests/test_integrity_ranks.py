@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
+from harness import gloo_ranks
 from integrity_cases import rank_worker, small_state
 from truestep.checkpoint.catalog import manifest_shard_name, step_dir_name
 from truestep.checkpoint.errors import CheckpointContentError
@@ -28,7 +28,7 @@ def _run(tmp_path: Path, flip_rank: int | None) -> list[dict]:
     root, out = tmp_path / "ckpt", tmp_path / "out"
     root.mkdir()
     out.mkdir()
-    mp.spawn(rank_worker, args=(WORLD, str(tmp_path / "init"), str(root), flip_rank, str(out)), nprocs=WORLD)
+    gloo_ranks(rank_worker, (WORLD, str(tmp_path / "init"), str(root), flip_rank, str(out)), WORLD)
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(WORLD)]
 
 

@@ -10,8 +10,8 @@ import json
 from pathlib import Path
 
 import pytest
-import torch.multiprocessing as mp
 
+from harness import gloo_ranks
 from init_cases import SEED, differing, model_config
 
 pytestmark = pytest.mark.multiprocess
@@ -36,7 +36,7 @@ def test_every_layout_starts_from_the_unsharded_init_bit_for_bit(case: str, tmp_
     world, tp, extra = CASES[case]
     out = tmp_path / "out"
     out.mkdir()
-    mp.spawn(rank_worker, args=(world, tp, str(tmp_path / "init"), extra, str(out)), nprocs=world)
+    gloo_ranks(rank_worker, (world, tp, str(tmp_path / "init"), extra, str(out)), world)
     seen = [json.loads((out / f"rank{r}.json").read_text()) for r in range(world)]
     for rank, facts in enumerate(seen):
         assert facts["built"] == [], (rank, facts)

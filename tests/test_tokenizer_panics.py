@@ -1,17 +1,17 @@
 """A tokenizer whose regex makes the Rust library panic (issue 27): `prepare-data` (in process and in
 spawned workers, which cannot pickle the panic back) and `generate` refuse in one line, exit 3, with no
 traceback and none of the panic hook's own lines; invalid sampling arguments are one-line usage errors.
-Real processes: the panic hook writes straight to file descriptor 2."""
+Real processes (forked by the tests' server): the panic hook writes straight to file descriptor 2."""
 
 from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from forkserver import forks
 from harness import truestep_env
 from interop_cases import needs_safetensors
 from truestep.config.schema import ModelConfig
@@ -33,14 +33,10 @@ def panicking_tokenizer(directory: Path) -> Path:
 
 
 def truestep(*argv: object) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "truestep", *map(str, argv)],
-        env=truestep_env({"RUST_BACKTRACE": "1"}),  # the panic hook at its most verbose
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
+    """`python -m truestep ARGV` as a process forked by the tests' server (forkserver.py: a real
+    process, its own file descriptor 2, without importing torch again)."""
+    env = truestep_env({"RUST_BACKTRACE": "1"})  # the panic hook at its most verbose
+    return forks().run([*map(str, argv)], env, timeout=300)
 
 
 def refused_in_one_line(proc: subprocess.CompletedProcess[str], code: int, why: str) -> None:
