@@ -99,17 +99,19 @@ def pool():
 
 @pytest.fixture(scope="session")
 def layout_reference(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
-    """layout name -> its failure-free torchrun run (harness.LAYOUT_REFERENCE), run once per session on
-    first use: what every resumed run of that layout must match bit for bit, whether the tests' fork
-    server (harness.launch) or the supervisor started it (tests/test_resume_bitwise.py, test_standby.py), and the single-process
-    trajectory a resharded resume must keep (test_reshard.py)."""
+    """layout name -> its failure-free run (harness.LAYOUT_REFERENCE; the 2x2 mesh's under torchrun, the
+    others' forked by the tests' server), run once per session on first use: what every resumed run of
+    that layout must match bit for bit, whether the tests' fork server or the supervisor started it
+    (tests/test_resume_bitwise.py, test_standby.py), and the single-process trajectory a resharded
+    resume must keep (test_reshard.py)."""
     runs: dict[str, Path] = {}
 
     def get(name: str) -> Path:
         if name not in runs:
             nproc, extra = harness.LAYOUTS[name]
             run_dir = tmp_path_factory.mktemp(f"ref-{name}")
-            launcher = "torchrun" if nproc > 1 else "fork"  # resumes launched otherwise must match torchrun's
+            # The 2-D mesh's reference under real torchrun: what forked and supervised ranks must match.
+            launcher = "torchrun" if name == "fsdp2xtp2" else "fork"
             harness.launch(run_dir, *harness.LAYOUT_REFERENCE, *extra, nproc=nproc, launcher=launcher)
             runs[name] = run_dir
         return runs[name]

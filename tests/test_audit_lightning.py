@@ -17,7 +17,10 @@ CASES = {"correct": (["kill@step=6"], ""), "no-rng-restore": (["kill@step=6"], "
 
 @pytest.fixture(scope="module")
 def judged(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    plan = make_plan(command("lightning_script.py"), "jsonl:log.jsonl", weights="final.safetensors")
+    # One floor repeat: bitwise repeatable on CPU (the default of two: tests/test_audit_toy.py).
+    plan = make_plan(
+        command("lightning_script.py"), "jsonl:log.jsonl", weights="final.safetensors", repeats=1
+    )
     base = failure_free(tmp_path_factory.mktemp("lightning") / "base", plan)
     return audit_cases(base, tmp_path_factory.mktemp("lightning-faulted"), plan, CASES)
 

@@ -188,7 +188,7 @@ def _fake_template(script: str, env: dict[str, str]) -> Standby:
     proc = subprocess.Popen(cmd, pass_fds=(theirs.fileno(),))
     theirs.close()
     ours.setblocking(False)
-    return Standby(proc, ours, env, time.time())
+    return Standby(proc, ours, env)
 
 
 def _record(tmp_path: Path, port: int = 1, attempt: int = 1, rank: int = 0) -> Launch:

@@ -226,9 +226,18 @@ def test_preemption_by_high_partition_requeues_and_resumes_bitwise(slurm, refere
 def test_time_limit_warning_usr1_reaches_trainer_which_requeues_itself(slurm, tmp_path):
     # --time=1 with --signal=B:USR1@10: slurmctld looks at limits every 30 s, so the warning comes 10-40 s
     # before the limit, i.e. 20-50 s after the start (later than a loaded machine needs to start the
-    # trainer: a USR1 before its handler exists kills it). The run never finishes on its own.
+    # trainer: a USR1 before its handler exists kills it). The run never finishes on its own; its steps
+    # are paced (`slow`: each step sleeps 4x its own time, no numerics change) so that the 20-50 s of
+    # waiting do not keep a core busy.
     job, run_dir, out = submit_training(
-        slurm, tmp_path, "warned", 1_000_000, "--time=1", "--signal=B:USR1@10", launcher="launch"
+        slurm,
+        tmp_path,
+        "warned",
+        1_000_000,
+        "--time=1",
+        "--signal=B:USR1@10",
+        launcher="launch",
+        faults="slow:factor=5",
     )
     diagnose = lambda: tail(out)  # noqa: E731
     running = slurm.wait_job(job, lambda j: j["JobState"] == "RUNNING", 60, "RUNNING", diagnose)

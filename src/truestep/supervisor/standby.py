@@ -75,7 +75,6 @@ class Standby:
     sock: socket.socket
     """The supervisor's end of the socket pair (non-blocking between handoffs)."""
     env: dict[str, str]
-    spawned_at: float
     ready: dict[str, Any] | None = None
     """The template's ready report (pid, ready_at, warm_s, memory), once it arrived."""
     announced: bool = False
@@ -252,7 +251,7 @@ class StandbyPool:
         finally:
             theirs.close()
         ours.setblocking(False)
-        self.standby = Standby(proc, ours, env, time.time())
+        self.standby = Standby(proc, ours, env)
         self.events.write({"event": "standby_spawned", "pid": proc.pid})
 
     def _lost(self, standby: Standby, code: int) -> None:
