@@ -30,10 +30,8 @@ lint: setup
 	$(BIN)/ruff format --check src tests benchmarks
 
 # WORKERS=N runs the suite in N pytest-xdist workers (tests that share a session run, or a SLURM
-# cluster, stay in one worker: tests/conftest.py groups them). Two on this 2-core machine: since a node's
-# warm template forks its ranks instead of each importing torch, two workers keep both cores busy without
-# starving timing-sensitive tests (22 min 54 s, against 32 min 46 s in one process before). WORKERS=0
-# runs it in this process.
+# cluster, stay in one worker: tests/conftest.py groups them). Two on this 2-core machine: 15 min 20 s
+# (three took 15 min 07 s: the cores are busy either way). WORKERS=0 runs it in this process.
 WORKERS ?= 2
 test: lint
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -m "" -n $(WORKERS) --dist loadgroup --durations=15
