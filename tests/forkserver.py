@@ -13,7 +13,9 @@ terminated when one fails, code 1 for a failed job.
 
 The server is `python tests/forkserver.py`, one JSON object per line each way on its stdin/stdout:
 requests {"id", "argv", "env", "cwd", "stdout", "stderr"}; answers {"id", "pid"} once forked and
-{"id", "code"} (Popen's convention: -N for signal N) once the child is reaped. It exits at EOF.
+{"id", "code"} (Popen's convention: -N for signal N) once the child is reaped. {"signal", "ids"} asks it
+to signal those of the ids' children it has not reaped (it alone reaps them, so never a reused pid). It
+exits at EOF.
 """
 
 from __future__ import annotations
@@ -105,6 +107,11 @@ def serve() -> None:
         while b"\n" in pending:
             line, pending = pending.split(b"\n", 1)
             request = json.loads(line)
+            if "signal" in request:  # only a child not reaped yet: its pid cannot have been reused
+                for pid, ident in children.items():
+                    if ident in request["ids"]:
+                        os.kill(pid, request["signal"])
+                continue
             pid = os.fork()
             if pid == 0:
                 _child(request, rng)
@@ -161,8 +168,9 @@ class ForkServer:
         turn, the first environment's first. One process keeps its own code."""
         started = [self._submit(argv, env) for env in envs]
         try:
-            pids = [self._get(box, 60)["pid"] for _, box, _, _ in started]
-            codes = self._wait_all(started, pids, timeout, argv)
+            for _, box, _, _ in started:
+                self._get(box, 60)  # forked
+            codes = self._wait_all(started, timeout, argv)
         finally:
             with self.lock:
                 for ident, _, _, _ in started:
@@ -194,10 +202,8 @@ class ForkServer:
             self.proc.stdin.flush()
         return ident, box, out, err
 
-    def _wait_all(self, started: list, pids: list[int], timeout: float, argv: list[str]) -> list[int]:
-        """Every process's code; the first non-zero one terminates the rest, a timeout kills them all.
-        (A signal can only miss: the server reaps a process before it answers, and a pid it reaped is
-        in `codes` by the next pass.)"""
+    def _wait_all(self, started: list, timeout: float, argv: list[str]) -> list[int]:
+        """Every process's code; the first non-zero one terminates the rest, a timeout kills them all."""
         codes: dict[int, int] = {}
         deadline = time.monotonic() + timeout
         kill_at: float | None = None
@@ -208,20 +214,28 @@ class ForkServer:
                         codes[index] = self._get(box, 0)["code"]
                         if codes[index] != 0 and kill_at is None and len(started) > 1:
                             kill_at = time.monotonic() + TERM_GRACE_S
-                            _signal_all(pids, codes, signal.SIGTERM)
+                            self._signal(started, codes, signal.SIGTERM)
             now = time.monotonic()
             if now > deadline:
-                _signal_all(pids, codes, signal.SIGKILL)
+                self._signal(started, codes, signal.SIGKILL)
                 for index, (_, box, _, _) in enumerate(started):
                     if index not in codes:
                         self._get(box, 60)
                 raise subprocess.TimeoutExpired(["truestep", *argv], timeout)
             if kill_at is not None and now > kill_at:
-                _signal_all(pids, codes, signal.SIGKILL)
+                self._signal(started, codes, signal.SIGKILL)
                 kill_at = float("inf")
             if len(codes) < len(started):
                 time.sleep(POLL_S)
         return [codes[index] for index in range(len(started))]
+
+    def _signal(self, started: list, done: dict[int, int], signum: int) -> None:
+        """Have the server send `signum` to the processes of `started` that have not ended."""
+        ids = [ident for index, (ident, _, _, _) in enumerate(started) if index not in done]
+        with self.lock:
+            assert self.proc.stdin is not None
+            self.proc.stdin.write((json.dumps({"signal": int(signum), "ids": ids}) + "\n").encode())
+            self.proc.stdin.flush()
 
     def _get(self, box: queue.Queue, timeout: float) -> dict:
         answer = box.get(timeout=timeout)
@@ -238,13 +252,6 @@ class ForkServer:
             self.proc.kill()
             self.proc.wait()
         shutil.rmtree(self.outputs, ignore_errors=True)
-
-
-def _signal_all(pids: list[int], done: dict[int, int], signum: int) -> None:
-    for index, pid in enumerate(pids):
-        if index not in done:
-            with contextlib.suppress(ProcessLookupError):  # it ended and the server reaped it just now
-                os.kill(pid, signum)
 
 
 _server: ForkServer | None = None
