@@ -14,8 +14,9 @@ terminated when one fails, code 1 for a failed job.
 The server is `python tests/forkserver.py`, one JSON object per line each way on its stdin/stdout:
 requests {"id", "argv", "env", "cwd", "stdout", "stderr"}; answers {"id", "pid"} once forked and
 {"id", "code"} (Popen's convention: -N for signal N) once the child is reaped. {"signal", "ids"} asks it
-to signal those of the ids' children it has not reaped (it alone reaps them, so never a reused pid). It
-exits at EOF.
+to signal those of the ids' children it has not reaped (it alone reaps them, so never a reused pid). At
+EOF (the tests' process ended, even killed) it kills the children still running, reaps them and exits:
+a stopped or hung run outlives nothing.
 """
 
 from __future__ import annotations
@@ -103,6 +104,9 @@ def serve() -> None:
         if select.select([0], [], [], POLL_S)[0]:
             chunk = os.read(0, 65536)
             open_input = bool(chunk)
+            if not open_input:  # the tests' process is gone or done: nobody waits for what is left
+                for pid in children:
+                    os.kill(pid, signal.SIGKILL)
             pending += chunk
         while b"\n" in pending:
             line, pending = pending.split(b"\n", 1)
@@ -120,7 +124,8 @@ def serve() -> None:
 
 
 def _answer(record: dict) -> None:
-    os.write(1, (json.dumps(record) + "\n").encode())
+    with contextlib.suppress(BrokenPipeError):  # the tests' process is gone: its runs were killed at EOF
+        os.write(1, (json.dumps(record) + "\n").encode())
 
 
 # ------------------------------------------------------------------------------ the tests' side
