@@ -129,19 +129,16 @@ def rank_envs(env: dict[str, str], nproc: int) -> list[dict[str, str]]:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    return [
-        {
-            **env,
-            "RANK": str(rank),
-            "LOCAL_RANK": str(rank),
-            "WORLD_SIZE": str(nproc),
-            "LOCAL_WORLD_SIZE": str(nproc),
-            "GROUP_RANK": "0",
-            "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(port),
-        }
-        for rank in range(nproc)
-    ]
+    from truestep.core import launch as names  # the variables' names, as the rank reads them
+
+    job = {
+        names.WORLD_SIZE: str(nproc),
+        names.LOCAL_WORLD_SIZE: str(nproc),
+        names.GROUP_RANK: "0",
+        names.MASTER_ADDR: "127.0.0.1",
+        names.MASTER_PORT: str(port),
+    }
+    return [{**env, **job, names.RANK: str(rank), names.LOCAL_RANK: str(rank)} for rank in range(nproc)]
 
 
 def _in_process(run_dir: Path, config: str, overrides: list[str]) -> subprocess.CompletedProcess | None:
