@@ -12,9 +12,10 @@ import pytest
 from harness import truestep_env
 from supervised import standby_overrides
 from truestep.analysis.runlog import RunLog
+from truestep.analysis.verdict import CellVerdict
 from truestep.experiment.plan import plan_jobs
 from truestep.experiment.runner import run_plan
-from truestep.experiment.summary import summarize
+from truestep.experiment.summary import ExperimentSummary, summarize
 
 pytestmark = pytest.mark.multiprocess
 
@@ -49,15 +50,35 @@ def test_experiment_with_two_faults_is_bitwise_and_reported(tmp_path: Path) -> N
         assert (out / name).stat().st_size > 0
 
 
-def test_reduced_ablation_flags_every_disabled_mechanism(tmp_path: Path) -> None:
-    """Hard kills on a single process: every disabled mechanism is flagged, all-on is not."""
+@pytest.fixture(scope="module")
+def ablation(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, ExperimentSummary]:
+    """The reduced ablation matrix in both modes (hard kills, graceful preemptions) on a single process,
+    judged against one reference and one floor made once for both modes."""
+    out = tmp_path_factory.mktemp("ablation")
     overrides = ["--train.max_steps=20", *standby_overrides()]
     jobs = plan_jobs(
-        "demo", overrides, 1, [], ablation=True, ablation_modes=["hard"], fault_step=13, interval=5, repeats=1
+        "demo",
+        overrides,
+        1,
+        [],
+        ablation=True,
+        ablation_modes=["hard", "graceful"],
+        fault_step=13,
+        interval=5,
+        repeats=1,
     )
-    run_plan(tmp_path, jobs, progress=False)
-    summary = summarize(tmp_path)
-    cells = {c.row: c for c in summary.groups[0].cells}
+    run_plan(out, jobs, progress=False)
+    return out, summarize(out)
+
+
+def cells_of(summary: ExperimentSummary, mode: str) -> dict[str, CellVerdict]:
+    return {c.row: c for c in summary.groups[0].cells if c.mode == mode}
+
+
+def test_reduced_ablation_flags_every_disabled_mechanism(ablation: tuple[Path, ExperimentSummary]) -> None:
+    """Hard kills on a single process: every disabled mechanism is flagged, all-on is not."""
+    out, summary = ablation
+    cells = cells_of(summary, "hard")
     assert not cells["all-on"].flagged and cells["all-on"].verdict.first_divergent_step is None
     # Relative to the step the cell resumed from (an async save may still be in flight at the kill):
     # fresh AdamW moments first change the weights in the first resumed update, so the loss after it
@@ -70,7 +91,7 @@ def test_reduced_ablation_flags_every_disabled_mechanism(tmp_path: Path) -> None
         "atomic-commit-off": 1,
     }
     for row, offset in expected_after_resume.items():
-        run = RunLog.load(tmp_path / "runs" / f"ablation-{row}-hard")
+        run = RunLog.load(out / "runs" / f"ablation-{row}-hard")
         resumed_at = run.named("checkpoint_restore")[0]["step"]
         gp = summary.groups[0].runs[cells[row].run].goodput
         assert cells[row].flagged, row
@@ -89,27 +110,16 @@ def test_reduced_ablation_flags_every_disabled_mechanism(tmp_path: Path) -> None
 
 
 @pytest.mark.slow
-def test_graceful_ablation_each_disabled_mechanism_flags_itself(tmp_path: Path) -> None:
+def test_graceful_ablation_each_disabled_mechanism_flags_itself(
+    ablation: tuple[Path, ExperimentSummary],
+) -> None:
     """Preemptions (SIGTERM, emergency save, requeue) on a single process: the stop witness (or, for the
     torn emergency save of atomic-commit-off, the restored-digest check) flags every disabled
     mechanism's resume with no reference, where the reference-based verdict flags it too; all-on
     verifies itself. The witness sees fresh optimizer moments at the first step (its fingerprint),
     before the trajectory shows them one step later."""
-    overrides = ["--train.max_steps=20", *standby_overrides()]
-    jobs = plan_jobs(
-        "demo",
-        overrides,
-        1,
-        [],
-        ablation=True,
-        ablation_modes=["graceful"],
-        fault_step=13,
-        interval=5,
-        repeats=1,
-    )
-    run_plan(tmp_path, jobs, progress=False)
-    summary = summarize(tmp_path)
-    cells = {c.row: c for c in summary.groups[0].cells}
+    summary = ablation[1]
+    cells = cells_of(summary, "graceful")
     runs = summary.groups[0].runs
     assert not cells["all-on"].flagged and runs[cells["all-on"].run].self_check == "verified 1"
     for row in ("optimizer-restore-off", "rng-restore-off", "data-position-off", "atomic-commit-off"):
