@@ -29,9 +29,9 @@ lint: setup
 	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/ruff format --check src tests benchmarks
 
-# WORKERS=N runs the suite in N pytest-xdist workers (tests that share a session run, or a SLURM
-# cluster, stay in one worker: tests/conftest.py groups them). Two on this 2-core machine: 15 min 20 s
-# (three took 15 min 07 s: the cores are busy either way). WORKERS=0 runs it in this process.
+# WORKERS=N runs the suite in N pytest-xdist workers (tests that share a session run, a module's
+# fixtures or a SLURM cluster stay in one worker: tests/conftest.py groups them). Two on this 2-core
+# machine: 13 min 36 s (the cores are busy either way). WORKERS=0 runs it in this process.
 WORKERS ?= 2
 test: lint
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -m "" -n $(WORKERS) --dist loadgroup --durations=15
