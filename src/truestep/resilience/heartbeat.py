@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -28,6 +27,7 @@ from truestep.core.control_files import ControlFileError, read_control_json, req
 from truestep.core.errors import ExitCode, FencedError
 from truestep.core.fsio import make_dir, replace_in_own_dir
 from truestep.core.names import heartbeat_path
+from truestep.core.say import say
 from truestep.core.status import RankStatus
 
 FENCE_CHECK_S = 2.0
@@ -133,7 +133,7 @@ class Heartbeat:
                 try:
                     self.fence()
                 except FencedError as err:
-                    print(f"truestep train: rank {self.rank}: {err}", file=sys.stderr, flush=True)
+                    say(f"truestep train: rank {self.rank}: {err}")
                     os._exit(ExitCode.FENCED)
             try:
                 self._write()

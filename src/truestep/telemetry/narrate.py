@@ -66,7 +66,8 @@ class Narrator:
         words = LINES.get(str(record.get("event")))
         line = words(self, record) if words is not None else None
         if line is not None:
-            tqdm.write(f"{self.who}: {line}", file=self.out or sys.stderr)
+            # The newline in the same write: another process's line cannot land inside this one.
+            tqdm.write(f"{self.who}: {line}\n", file=self.out or sys.stderr, end="")
             (self.out or sys.stderr).flush()
         return line
 
@@ -80,7 +81,7 @@ class Narrator:
         since = f"{now - failed:.1f} s after the failure was detected" if failed is not None else None
         since = since or f"{now - restored_at:.1f} s after the restore"
         line = f"back at work: step {record.get('step')} done, {since}"
-        tqdm.write(f"{self.who}: {line}", file=self.out or sys.stderr)
+        tqdm.write(f"{self.who}: {line}\n", file=self.out or sys.stderr, end="")
         return line
 
 

@@ -45,6 +45,7 @@ from truestep.core.fsio import make_dir
 from truestep.core.launch import Launch
 from truestep.core.names import TENSORBOARD_DIR
 from truestep.core.rundir import check_run_dir
+from truestep.core.say import say
 from truestep.core.status import RankStatus, StopReason
 from truestep.faults.hooks import set_context as set_fault_context
 from truestep.parallel.dist import DistContext, broadcast_int, init_distributed, leave
@@ -217,7 +218,7 @@ def run_training(cfg: JobConfig, launch: Launch, status: RankStatus, attempt: At
             who = f"rank {ctx.rank}: " if ctx.distributed and rank_local else ""
             if launch.debug:  # truestep --debug
                 traceback.print_exception(err)
-            print(f"truestep train: {who}{line}", file=sys.stderr, flush=True)
+            say(f"truestep train: {who}{line}")  # one write: the supervisor's lines share this stderr
         clean = False  # some ranks may not share the error: no barrier
     if attempt is not None and attempt.lease is not None:
         try:
@@ -225,9 +226,7 @@ def run_training(cfg: JobConfig, launch: Launch, status: RankStatus, attempt: At
         except OSError as err:  # e.g. the disk filled up: say so if nothing else was said
             if code == ExitCode.OK:
                 code, line = failure_of(err) or (int(ExitCode.FAILURE), str(err))
-                print(
-                    f"truestep train: releasing the run directory lease: {line}", file=sys.stderr, flush=True
-                )
+                say(f"truestep train: releasing the run directory lease: {line}")
             # else the run already failed and said why; a dead holder's lease is taken over at the next start
     leave(ctx, clean, debug=launch.debug)
     # What this rank started in its process is over with it (a rank run in-process returns here).
